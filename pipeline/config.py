@@ -1,0 +1,176 @@
+"""Typed configuration per stage. Stages read ``params.yaml`` and build these; the library never
+reads the params file itself. Every check raises :class:`ConfigError` naming the key."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CURRICULA = ("cumulative", "exclusive", "all")
+SCORERS = ("pca-logreg", "knn")
+
+
+class ConfigError(ValueError):
+    """A bad parameter; the message names its key."""
+
+
+def load_params(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
+    path = Path(path)
+    try:
+        params = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"params file {path} does not exist") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"params file {path} is not valid YAML: {exc}") from None
+    if not isinstance(params, dict):
+        raise ConfigError(f"params file {path} must hold a mapping at the top level")
+    return params
+
+
+def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """A new mapping: ``override`` laid over ``base`` key by key (used for the tiny profile)."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), Mapping):
+            merged[key] = deep_merge(base[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def section(params: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = params.get(key)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"params: section {key!r} is missing or not a mapping")
+    return value
+
+
+def _get(sec: Mapping[str, Any], name: str, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if name not in sec:
+        if default is ...:
+            raise ConfigError(f"params: {key}.{name} is missing")
+        return default
+    value = sec[name]
+    if value is None and default is None:
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise ConfigError(f"params: {key}.{name} must be {getattr(kind, '__name__', kind)}, got {value!r}")
+    return value
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"params: {key} {message}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str
+    image_size: int
+    channels: int
+    val_fraction: float
+    route_fraction: float
+    test_fraction: float
+    max_train: int | None
+    max_test: int | None
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> DataConfig:
+        s = section(params, "data")
+        cfg = cls(
+            source=_get(s, "source", "data", str),
+            image_size=_get(s, "image_size", "data", int),
+            channels=_get(s, "channels", "data", int, 1),
+            val_fraction=_get(s, "val_fraction", "data", float),
+            route_fraction=_get(s, "route_fraction", "data", float, 0.5),
+            test_fraction=_get(s, "test_fraction", "data", float, 0.2),
+            max_train=_get(s, "max_train", "data", int, None),
+            max_test=_get(s, "max_test", "data", int, None),
+            seed=_get(params, "seed", "(top level)", int, 0),
+        )
+        _check(4 <= cfg.image_size <= 512, "data.image_size", f"must be in 4..512, got {cfg.image_size}")
+        _check(cfg.channels in (1, 3), "data.channels", f"must be 1 or 3, got {cfg.channels}")
+        for name in ("val_fraction", "route_fraction", "test_fraction"):
+            value = getattr(cfg, name)
+            _check(0.0 < value < 1.0, f"data.{name}", f"must be strictly between 0 and 1, got {value}")
+        for name in ("max_train", "max_test"):
+            value = getattr(cfg, name)
+            _check(value is None or value >= 20, f"data.{name}", f"must be null or at least 20, got {value}")
+        return cfg
+
+
+@dataclass(frozen=True)
+class ValidateConfig:
+    class_share_tolerance: float  # max absolute deviation of a class's share from its share in the source
+    pixel_mean_min: float
+    pixel_mean_max: float
+    min_pixel_std: float  # an image flatter than this is blank or broken
+    max_duplicate_share: float  # share of a split's images whose content also appears in another split
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ValidateConfig:
+        s = section(params, "validate")
+        cfg = cls(
+            class_share_tolerance=_get(s, "class_share_tolerance", "validate", float),
+            pixel_mean_min=_get(s, "pixel_mean_min", "validate", float, 0.0),
+            pixel_mean_max=_get(s, "pixel_mean_max", "validate", float, 255.0),
+            min_pixel_std=_get(s, "min_pixel_std", "validate", float, 0.0),
+            max_duplicate_share=_get(s, "max_duplicate_share", "validate", float, 0.0),
+        )
+        _check(0.0 <= cfg.class_share_tolerance <= 1.0, "validate.class_share_tolerance", "must be in [0, 1]")
+        _check(0.0 <= cfg.pixel_mean_min <= cfg.pixel_mean_max <= 255.0, "validate.pixel_mean_min/max",
+               "must satisfy 0 <= min <= max <= 255")
+        _check(0.0 <= cfg.max_duplicate_share <= 1.0, "validate.max_duplicate_share", "must be in [0, 1]")
+        return cfg
+
+
+@dataclass(frozen=True)
+class GradeConfig:
+    scorer: str
+    pca_components: int
+    folds: int
+    levels: int
+    curriculum: str
+    max_iter: int
+    knn_neighbors: int
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> GradeConfig:
+        s = section(params, "grade")
+        cfg = cls(
+            scorer=_get(s, "scorer", "grade", str, "pca-logreg"),
+            pca_components=_get(s, "pca_components", "grade", int, 50),
+            folds=_get(s, "folds", "grade", int, 5),
+            levels=_get(s, "levels", "grade", int),
+            curriculum=_get(s, "curriculum", "grade", str, "cumulative"),
+            max_iter=_get(s, "max_iter", "grade", int, 200),
+            knn_neighbors=_get(s, "knn_neighbors", "grade", int, 10),
+            seed=_get(params, "seed", "(top level)", int, 0),
+        )
+        _check(cfg.scorer in SCORERS, "grade.scorer", f"must be one of {SCORERS}, got {cfg.scorer!r}")
+        _check(cfg.curriculum in CURRICULA, "grade.curriculum", f"must be one of {CURRICULA}, got {cfg.curriculum!r}")
+        _check(2 <= cfg.folds <= 20, "grade.folds", f"must be in 2..20, got {cfg.folds}")
+        _check(1 <= cfg.levels <= 20, "grade.levels", f"must be in 1..20, got {cfg.levels}")
+        _check(cfg.pca_components >= 1, "grade.pca_components", f"must be at least 1, got {cfg.pca_components}")
+        _check(cfg.max_iter >= 1, "grade.max_iter", "must be at least 1")
+        _check(cfg.knn_neighbors >= 1, "grade.knn_neighbors", "must be at least 1")
+        return cfg
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    experiment: str
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> TrackingConfig:
+        s = params.get("tracking") or {}
+        return cls(experiment=_get(s, "experiment", "tracking", str, "cascade"))

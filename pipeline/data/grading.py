@@ -1,0 +1,106 @@
+"""Difficulty grading: score = 1 - out-of-fold probability of the true class from a cheap model;
+levels are equal-size quantile bins of the score; each module gets a training set by curriculum."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import ClassifierMixin
+from sklearn.decomposition import PCA
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold
+from sklearn.neighbors import KNeighborsClassifier
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import FunctionTransformer
+
+from pipeline.config import GradeConfig
+
+
+def _scale(x: np.ndarray) -> np.ndarray:
+    return x.reshape(len(x), -1).astype(np.float32) / 255.0
+
+
+def make_scorer(cfg: GradeConfig, n_features: int) -> Pipeline:
+    """The cheap grading model; it takes raw uint8 images (N, C, H, W) so it can grade test images later."""
+    components = min(cfg.pca_components, n_features)
+    flatten = FunctionTransformer(_scale)
+    if cfg.scorer == "knn":
+        model: ClassifierMixin = KNeighborsClassifier(n_neighbors=cfg.knn_neighbors)
+    else:
+        model = LogisticRegression(max_iter=cfg.max_iter, C=1.0, tol=1e-3)
+    return make_pipeline(flatten, PCA(n_components=components, random_state=cfg.seed), model)
+
+
+def out_of_fold_p_true(images: np.ndarray, labels: np.ndarray, cfg: GradeConfig,
+                       progress=None) -> np.ndarray:
+    """Probability of each sample's true class from a model that never saw that sample."""
+    n_features = int(np.prod(images.shape[1:]))
+    min_class = int(np.bincount(labels).min())
+    folds = StratifiedKFold(n_splits=min(cfg.folds, max(2, min_class)), shuffle=True, random_state=cfg.seed)
+    p_true = np.empty(len(labels), dtype=np.float64)
+    n_classes = int(labels.max()) + 1
+    for fit_idx, held_idx in folds.split(np.zeros(len(labels)), labels):
+        model = make_scorer(cfg, n_features).fit(images[fit_idx], labels[fit_idx])
+        proba = np.zeros((len(held_idx), n_classes))
+        proba[:, model.classes_] = model.predict_proba(images[held_idx])
+        p_true[held_idx] = proba[np.arange(len(held_idx)), labels[held_idx]]
+        if progress is not None:
+            progress.update(1)
+    return p_true
+
+
+def assign_levels(scores: np.ndarray, ids: np.ndarray, levels: int) -> np.ndarray:
+    """Equal-size quantile bins, 1 = easiest. Ties are broken by id so the result is stable."""
+    order = np.lexsort((ids, scores))  # by score, then id
+    ranks = np.empty(len(scores), dtype=np.int64)
+    ranks[order] = np.arange(len(scores))
+    return (ranks * levels // len(scores)) + 1
+
+
+def curriculum_levels(module: int, n_modules: int, mode: str) -> tuple[int, ...]:
+    """Levels that module ``module`` (1-based) trains on, given ``n_modules`` levels."""
+    if mode == "cumulative":
+        return tuple(range(1, module + 1))
+    if mode == "exclusive":
+        return (module,)
+    if mode == "all":
+        return tuple(range(1, n_modules + 1))
+    raise ValueError(f"unknown curriculum {mode!r}")
+
+
+@dataclass(frozen=True)
+class Grading:
+    ids: np.ndarray
+    labels: np.ndarray
+    scores: np.ndarray
+    levels: np.ndarray
+
+    def module_ids(self, module: int, n_modules: int, mode: str) -> np.ndarray:
+        wanted = curriculum_levels(module, n_modules, mode)
+        return self.ids[np.isin(self.levels, wanted)]
+
+    def level_summary(self, n_classes: int) -> list[dict]:
+        out = []
+        for level in range(1, int(self.levels.max()) + 1):
+            mask = self.levels == level
+            counts = np.bincount(self.labels[mask], minlength=n_classes)
+            out.append({
+                "level": level,
+                "count": int(mask.sum()),
+                "mean_score": float(self.scores[mask].mean()),
+                "class_share": (counts / max(1, mask.sum())).round(4).tolist(),
+            })
+        return out
+
+
+def grade(images: np.ndarray, labels: np.ndarray, ids: np.ndarray, cfg: GradeConfig,
+          progress=None) -> tuple[Grading, Pipeline]:
+    """Grade every training sample and fit the final grading model on all of them."""
+    p_true = out_of_fold_p_true(images, labels, cfg, progress)
+    scores = 1.0 - p_true
+    grading = Grading(ids, labels, scores, assign_levels(scores, ids, cfg.levels))
+    model = make_scorer(cfg, int(np.prod(images.shape[1:]))).fit(images, labels)
+    if progress is not None:
+        progress.update(1)
+    return grading, model

@@ -1,0 +1,113 @@
+"""Reading and writing artifacts. Every write goes to a temporary path first and is renamed into
+place, so a failed stage never leaves a half-written output behind."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def atomic_path(final: str | os.PathLike[str], *, is_dir: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of ``final``; rename it onto ``final`` only if the block succeeds."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    target = tmp / final.name
+    if is_dir:
+        target.mkdir()
+    try:
+        yield target
+        if final.is_dir() and not final.is_symlink():
+            shutil.rmtree(final)
+        elif final.exists() or final.is_symlink():
+            final.unlink()
+        os.replace(target, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n")
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+@dataclass(frozen=True)
+class Split:
+    """One data split: images ``(N, C, H, W)`` uint8, integer labels and stable string ids."""
+
+    name: str
+    images: np.ndarray
+    labels: np.ndarray
+    ids: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.images)
+        if self.images.ndim != 4 or self.images.dtype != np.uint8:
+            raise ValueError(f"split {self.name!r}: images must be uint8 (N, C, H, W), got "
+                             f"{self.images.dtype} {self.images.shape}")
+        if len(self.labels) != n or len(self.ids) != n:
+            raise ValueError(f"split {self.name!r}: {n} images, {len(self.labels)} labels, {len(self.ids)} ids")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, index: np.ndarray, name: str | None = None) -> Split:
+        return Split(name or self.name, self.images[index], self.labels[index], self.ids[index])
+
+
+def save_split(path: Path, split: Split) -> None:
+    """Write one split as an uncompressed ``.npz`` (fast to load, and DVC hashes it once)."""
+    np.savez(path, images=split.images, labels=split.labels.astype(np.int64), ids=split.ids.astype(str))
+
+
+def load_split(directory: str | os.PathLike[str], name: str) -> Split:
+    path = Path(directory) / f"{name}.npz"
+    if not path.exists():
+        raise FileNotFoundError(f"split file {path} is missing; run the ingest stage first")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return Split(name, z["images"], z["labels"].astype(np.int64), z["ids"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise ValueError(f"split file {path} is unreadable or truncated: {exc}") from exc
+
+
+def array_sha256(array: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,219 @@
+"""Cascade modules: a fixed transition, searchable (or fixed) layers and an exit head.
+
+Both module kinds share one surface, so training, search and routing code never branch on kind:
+``space``, ``forward(x, arch) -> (features, logits)``, ``default_arch()`` and ``export(arch)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, TypeAlias
+
+import torch
+from torch import nn
+
+from pipeline.models.ops import OPS, ConvBNReLU, make_op
+from pipeline.search.space import Arch, Decision, SearchSpace
+
+KINDS = ("fixed", "supernet")
+CONFIDENCE_KINDS = ("maxprob", "margin")
+NO_ARCH = Arch()  # the only architecture of a module without decisions (immutable)
+
+
+@dataclass(frozen=True)
+class ModuleSpec:
+    """What one cascade module is; ``ops`` and ``default_op`` are for supernet modules only."""
+
+    kind: str
+    channels: int
+    stride: int = 1
+    layers: int = 1
+    ops: tuple[str, ...] = ()
+    default_op: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ops, (list, str)):
+            # A YAML list arrives as a list; keep the spec hashable. A bare string is a mistake.
+            if isinstance(self.ops, str):
+                raise ValueError(f"ModuleSpec.ops must be a list of op names, got the string {self.ops!r}")
+            object.__setattr__(self, "ops", tuple(self.ops))
+        _check_module_spec(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModuleSpec:
+        """Build from a plain dict (as read from YAML); unknown keys are an error, not ignored."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"ModuleSpec: unknown keys {unknown}; known keys: {sorted(known)}")
+        if "kind" not in d or "channels" not in d:
+            raise ValueError(f"ModuleSpec: 'kind' and 'channels' are required, got keys {sorted(d)}")
+        return cls(**{k: tuple(v) if k == "ops" and isinstance(v, list) else v for k, v in d.items()})
+
+    def output_shape(self, input_shape: Sequence[int]) -> tuple[int, int, int]:
+        """(C, H, W) after the module: only the stride-s 3x3 transition changes the shape."""
+        _, h, w = input_shape
+        return (self.channels, (h - 1) // self.stride + 1, (w - 1) // self.stride + 1)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_module_spec(spec: ModuleSpec) -> None:
+    if spec.kind not in KINDS:
+        raise ValueError(f"ModuleSpec.kind must be one of {KINDS}, got {spec.kind!r}")
+    if not _is_int(spec.channels) or spec.channels < 1:
+        raise ValueError(f"ModuleSpec.channels must be an int >= 1, got {spec.channels!r}")
+    if not _is_int(spec.stride) or spec.stride not in (1, 2):
+        raise ValueError(f"ModuleSpec.stride must be 1 or 2, got {spec.stride!r}")
+    if not _is_int(spec.layers) or spec.layers < 0:
+        raise ValueError(f"ModuleSpec.layers must be an int >= 0, got {spec.layers!r}")
+    if spec.kind == "fixed":
+        if spec.ops or spec.default_op:
+            raise ValueError(
+                f"ModuleSpec.ops / default_op are for supernet modules only; "
+                f"a fixed module got ops={spec.ops!r}, default_op={spec.default_op!r}"
+            )
+        return
+    if spec.layers < 1:
+        raise ValueError(f"ModuleSpec.layers must be >= 1 for a supernet module, got {spec.layers}")
+    unknown = [op for op in spec.ops if op not in OPS]
+    if unknown:
+        raise ValueError(f"ModuleSpec.ops has unknown op(s) {unknown}; known ops: {sorted(OPS)}")
+    if len(set(spec.ops)) != len(spec.ops):
+        raise ValueError(f"ModuleSpec.ops has repeated ops: {spec.ops}")
+    if len(spec.ops) < 2:
+        raise ValueError(f"ModuleSpec.ops needs at least 2 ops for a supernet module, got {spec.ops}")
+    if spec.default_op not in spec.ops:
+        raise ValueError(f"ModuleSpec.default_op {spec.default_op!r} is not one of ops {spec.ops}")
+    if spec.default_op == "skip":
+        # The default path is what a module runs before any search: it must compute something.
+        raise ValueError("ModuleSpec.default_op 'skip' is not allowed: the default path must compute")
+
+
+class ExitHead(nn.Module):
+    """Global average pool + linear: the cheapest head that still sees the whole feature map."""
+
+    def __init__(self, channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(x), 1))  # (B, num_classes)
+
+
+class Subnet(nn.Module):
+    """A standalone module: transition, a fixed sequence of ops, exit head. What ``export`` returns."""
+
+    def __init__(self, transition: nn.Module, body: nn.Sequential, head: ExitHead, arch: Arch) -> None:
+        super().__init__()
+        self.transition = transition
+        self.body = body
+        self.head = head
+        self.arch = arch  # a plain record of where it came from, never read by forward
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.body(self.transition(x))  # (B, C, H', W')
+        return features, self.head(features)  # (B, num_classes)
+
+
+def _export(transition: nn.Module, ops: Sequence[nn.Module], head: ExitHead, arch: Arch) -> Subnet:
+    """Deep copies, so training the export (or the supernet) never changes the other."""
+    body = nn.Sequential(*(copy.deepcopy(op) for op in ops))
+    return Subnet(copy.deepcopy(transition), body, copy.deepcopy(head), arch)
+
+
+class FixedModule(nn.Module):
+    """A plain module: transition then ``layers`` conv3 blocks; its search space is empty."""
+
+    def __init__(self, spec: ModuleSpec, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        if spec.kind != "fixed":
+            raise ValueError(f"FixedModule needs a spec of kind 'fixed', got {spec.kind!r}")
+        self.spec = spec
+        self.in_channels = in_channels
+        self.num_classes = num_classes
+        self.space = SearchSpace()
+        self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
+        self.layers = nn.ModuleList(make_op("conv3", spec.channels) for _ in range(spec.layers))
+        self.head = ExitHead(spec.channels, num_classes)
+
+    def default_arch(self) -> Arch:
+        return NO_ARCH
+
+    def forward(self, x: torch.Tensor, arch: Arch = NO_ARCH) -> tuple[torch.Tensor, torch.Tensor]:
+        self.space.validate(arch)
+        h = self.transition(x)  # (B, C, H', W')
+        for layer in self.layers:
+            h = layer(h)  # (B, C, H', W')
+        return h, self.head(h)  # (B, C, H', W'), (B, num_classes)
+
+    def export(self, arch: Arch = NO_ARCH) -> Subnet:
+        self.space.validate(arch)
+        return _export(self.transition, list(self.layers), self.head, arch)
+
+
+class SupernetModule(nn.Module):
+    """Weight-sharing supernet: layer i holds every candidate op; ``arch`` picks one per layer.
+
+    Only the chosen op of each layer runs (single path), so a forward costs what that path costs.
+    """
+
+    def __init__(self, spec: ModuleSpec, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        if spec.kind != "supernet":
+            raise ValueError(f"SupernetModule needs a spec of kind 'supernet', got {spec.kind!r}")
+        self.spec = spec
+        self.in_channels = in_channels
+        self.num_classes = num_classes
+        self.space = SearchSpace(
+            tuple(Decision(f"op@l{i + 1}", spec.ops) for i in range(spec.layers))
+        )
+        self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
+        self.layers = nn.ModuleList(
+            nn.ModuleDict({op: make_op(op, spec.channels) for op in spec.ops}) for _ in range(spec.layers)
+        )
+        self.head = ExitHead(spec.channels, num_classes)
+
+    def default_arch(self) -> Arch:
+        return self.space.make({label: self.spec.default_op for label in self.space.labels})
+
+    def chosen_ops(self, arch: Arch) -> list[nn.Module]:
+        """The op each layer runs under ``arch`` (checked against the space)."""
+        arch = self.space.validate(arch)
+        return [layer[arch[label]] for label, layer in zip(self.space.labels, self.layers, strict=True)]
+
+    def forward(self, x: torch.Tensor, arch: Arch) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.transition(x)  # (B, C, H', W')
+        for op in self.chosen_ops(arch):
+            h = op(h)  # (B, C, H', W')
+        return h, self.head(h)  # (B, C, H', W'), (B, num_classes)
+
+    def export(self, arch: Arch) -> Subnet:
+        return _export(self.transition, self.chosen_ops(arch), self.head, arch)
+
+
+CascadeModule: TypeAlias = FixedModule | SupernetModule
+
+
+def build_module(spec: ModuleSpec, in_channels: int, num_classes: int) -> CascadeModule:
+    """One factory for both kinds (uses the caller's RNG state; see cascade.build_modules)."""
+    if in_channels < 1 or num_classes < 1:
+        raise ValueError(f"in_channels and num_classes must be >= 1, got {in_channels}, {num_classes}")
+    cls = FixedModule if spec.kind == "fixed" else SupernetModule
+    return cls(spec, in_channels, num_classes)
+
+
+def confidence(logits: torch.Tensor, kind: str = "maxprob") -> torch.Tensor:
+    """Per-sample exit confidence from logits (B, K) -> (B,): max softmax prob, or top1 - top2 prob."""
+    if kind not in CONFIDENCE_KINDS:
+        raise ValueError(f"confidence kind must be one of {CONFIDENCE_KINDS}, got {kind!r}")
+    probs = torch.softmax(logits, dim=-1)  # (B, K)
+    if kind == "maxprob" or probs.shape[-1] < 2:
+        return probs.max(dim=-1).values  # (B,)
+    top2 = probs.topk(2, dim=-1).values  # (B, 2)
+    return top2[..., 0] - top2[..., 1]  # (B,)

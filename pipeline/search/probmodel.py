@@ -1,0 +1,381 @@
+"""Method B's probability model over a search space, and the search built on it.
+
+One categorical per decision. Each iteration picks m subnets from P(i-1) (entropy-maximising pick),
+scores them, and fits P(i) by maximum likelihood as performance-weighted choice frequencies. For a
+supernet, the weights get an extra loss ``beta / (MI(P(i-1), P(i)) + eps)`` whose gradient reaches
+the weights through perf -> MLE weights -> P(i); so probabilities stay torch tensors throughout.
+
+The MI term is skipped (``None``) while P(i-1) is uniform: its log-probability vector carries no
+information to correlate with (constant when every decision has the same number of choices), so
+with the default uniform P(0) the first iteration trains on the task loss alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.search.space import Arch, SearchSpace
+
+# Floor inside the log so that a choice with probability 0 gives a finite hyperparameter.
+LOG_FLOOR = 1e-12
+
+
+@dataclass(frozen=True, eq=False)
+class ProbModel:
+    """P over a search space: ``table[j]`` holds decision j's choice probabilities, shape (n_j,)."""
+
+    space: SearchSpace
+    table: tuple[torch.Tensor, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.table) != len(self.space.decisions):
+            raise ValueError(f"{len(self.table)} probability vectors for {len(self.space.decisions)} decisions")
+        for d, p in zip(self.space.decisions, self.table, strict=True):
+            if not isinstance(p, torch.Tensor) or p.dim() != 1 or p.shape[0] != len(d.choices):
+                raise ValueError(f"{d.label}: expected a 1-d tensor of {len(d.choices)} probabilities")
+            q = p.detach()
+            if not torch.isfinite(q).all() or bool((q < 0).any()) or abs(float(q.sum()) - 1.0) > 1e-4:
+                raise ValueError(f"{d.label}: not a probability vector: {q.tolist()}")
+
+    @classmethod
+    def uniform(cls, space: SearchSpace, dtype: torch.dtype = torch.float64) -> ProbModel:
+        """P(0) of single-path one-shot training: every choice equally likely."""
+        return cls(space, tuple(torch.full((len(d.choices),), 1.0 / len(d.choices), dtype=dtype)
+                                for d in space.decisions))
+
+    @classmethod
+    def from_probs(cls, space: SearchSpace, probs: Sequence[torch.Tensor | Sequence[float]]) -> ProbModel:
+        return cls(space, tuple(torch.as_tensor(p, dtype=torch.float64) if not isinstance(p, torch.Tensor)
+                                else p for p in probs))
+
+    @classmethod
+    def from_logits(cls, space: SearchSpace, logits: Sequence[torch.Tensor | Sequence[float]]) -> ProbModel:
+        """Softmax per decision; differentiable when the logits are."""
+        return cls(space, tuple(torch.softmax(torch.as_tensor(z, dtype=torch.float64)
+                                              if not isinstance(z, torch.Tensor) else z, dim=0)
+                                for z in logits))
+
+    @classmethod
+    def from_dict(cls, space: SearchSpace, probs: Mapping[str, Mapping[str, float]]) -> ProbModel:
+        """Inverse of :meth:`as_dict` (for reading a saved model back)."""
+        return cls.from_probs(space, [[float(probs[d.label][c]) for c in d.choices] for d in space.decisions])
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        """Plain JSON-able form: label -> choice -> probability."""
+        return {d.label: dict(zip(d.choices, p.detach().double().tolist(), strict=True))
+                for d, p in zip(self.space.decisions, self.table, strict=True)}
+
+    def probs(self, label: str) -> torch.Tensor:
+        return self.table[self.space.labels.index(label)]
+
+    def detach(self) -> ProbModel:
+        return ProbModel(self.space, tuple(p.detach() for p in self.table))
+
+    def log_prob_vector(self) -> torch.Tensor:
+        """The "hyperparameters": log P over every (decision, choice), decisions in order."""
+        if not self.table:
+            return torch.zeros(0, dtype=torch.float64)
+        return torch.cat([torch.log(p.clamp_min(LOG_FLOOR)) for p in self.table])
+
+    def entropy(self) -> float:
+        """Summed over decisions (nats); log(size) when uniform, 0 once collapsed."""
+        return float(sum(float(torch.special.entr(p.detach()).sum()) for p in self.table))
+
+    def is_uniform(self, tol: float = 1e-9) -> bool:
+        return all(float((p.detach() - 1.0 / p.shape[0]).abs().max()) <= tol for p in self.table)
+
+    def most_likely(self) -> Arch:
+        """Argmax per decision; ties go to the first choice."""
+        return self.space.from_index(tuple(int(torch.argmax(p.detach())) for p in self.table))
+
+    def sample(self, n: int, rng: np.random.Generator) -> list[Arch]:
+        """n independent draws (repeats allowed)."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        columns = [rng.choice(p.shape[0], size=n, p=_numpy_probs(p)) for p in self.table]
+        return [self.space.from_index(tuple(int(c[i]) for c in columns)) for i in range(n)]
+
+    def sample_distinct(self, k: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:
+        """Up to k distinct draws in first-drawn order, from at most ``max_tries`` draws.
+
+        Fewer than k come back when the space (or the model's support) is smaller, or when the model
+        is so concentrated that ``max_tries`` (default ``20 k + 100``) draws do not find k.
+        """
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        limit = min(k, self.space.size())
+        budget = 20 * k + 100 if max_tries is None else max_tries
+        kept: dict[Arch, None] = {}
+        drawn = 0
+        while len(kept) < limit and drawn < budget:
+            batch = min(budget - drawn, max(2 * (limit - len(kept)), 16))
+            for arch in self.sample(batch, rng):
+                if len(kept) < limit:
+                    kept.setdefault(arch, None)
+            drawn += batch
+        return list(kept)
+
+
+def _numpy_probs(p: torch.Tensor) -> np.ndarray:
+    q = p.detach().cpu().double().numpy().clip(min=0.0)
+    return q / q.sum()
+
+
+def _index_matrix(space: SearchSpace, archs: Sequence[Arch]) -> np.ndarray:
+    """(len(archs), n_decisions) choice indices."""
+    return np.array([space.index(a) for a in archs], dtype=np.int64).reshape(len(archs), len(space.decisions))
+
+
+def choice_entropy(space: SearchSpace, archs: Sequence[Arch]) -> float:
+    """Sum over decisions of the entropy (nats) of the choice histogram over ``archs``."""
+    if not archs:
+        return 0.0
+    idx = _index_matrix(space, archs)
+    total = 0.0
+    for j, d in enumerate(space.decisions):
+        freq = np.bincount(idx[:, j], minlength=len(d.choices)) / len(archs)
+        freq = freq[freq > 0]
+        total += float(-(freq * np.log(freq)).sum())
+    return total
+
+
+def _greedy_max_entropy(space: SearchSpace, pool: Sequence[Arch], m: int) -> list[int]:
+    """Indices of m pool members kept greedily, each maximising the kept set's choice entropy."""
+    idx = _index_matrix(space, pool)  # (P, D)
+    counts = [np.zeros(len(d.choices)) for d in space.decisions]
+    free = np.ones(len(pool), dtype=bool)
+    kept: list[int] = []
+    for t in range(m):
+        n = t + 1
+        score = np.zeros(len(pool))
+        for j, c in enumerate(counts):
+            # entropy of decision j's histogram after adding each choice x: log n - sum f(c') / n
+            f = np.where(c > 0, c * np.log(np.maximum(c, 1.0)), 0.0)
+            after = (c + 1) * np.log(c + 1)
+            h = math.log(n) - (f.sum() - f + after) / n  # (n_choices,)
+            score += h[idx[:, j]]
+        score[~free] = -np.inf
+        best = int(np.flatnonzero(score >= score.max() - 1e-9)[0])  # ties: first in pool order
+        kept.append(best)
+        free[best] = False
+        for j, c in enumerate(counts):
+            c[idx[best, j]] += 1
+    return kept
+
+
+def entropy_pick(model: ProbModel, m: int, rng: np.random.Generator, pool_factor: int = 8,
+                 max_tries: int | None = None) -> list[Arch]:
+    """m distinct subnets from a pool of ~``pool_factor * m`` draws of P, chosen for choice entropy.
+
+    Spreads the evaluations over the choices, so each choice's MLE frequency rests on more samples.
+    Returns fewer than m only when the pool itself is smaller (small space or concentrated P).
+    """
+    if m < 0 or pool_factor < 1:
+        raise ValueError(f"need m >= 0 and pool_factor >= 1, got m={m}, pool_factor={pool_factor}")
+    pool = model.sample_distinct(pool_factor * m, rng, max_tries)
+    if len(pool) <= m:
+        return pool
+    return [pool[i] for i in _greedy_max_entropy(model.space, pool, m)]
+
+
+def plain_pick(model: ProbModel, m: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:
+    """Ablation of :func:`entropy_pick`: m distinct draws of P (fewer only where not possible)."""
+    if m < 0:
+        raise ValueError(f"m must be >= 0, got {m}")
+    return model.sample_distinct(m, rng, max_tries)
+
+
+def final_pick(model: ProbModel, k: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:
+    """k distinct candidates from P(N), to be evaluated on held-out data."""
+    return model.sample_distinct(k, rng, max_tries)
+
+
+def mle_update(prev: ProbModel, archs: Sequence[Arch], perf: torch.Tensor, temperature: float,
+               smoothing: float, step: float) -> ProbModel:
+    """P(i): softmax(perf / T)-weighted choice frequencies, Laplace-smoothed, mixed with P(i-1).
+
+    ``new[c] = step * (freq[c] + s) / (1 + s * n) + (1 - step) * prev[c]``; differentiable in perf,
+    with prev held constant. The result takes perf's dtype and device.
+    """
+    if temperature <= 0 or smoothing < 0 or not 0 < step <= 1:
+        raise ValueError(f"need temperature > 0, smoothing >= 0, 0 < step <= 1; got "
+                         f"{temperature}, {smoothing}, {step}")
+    if perf.dim() != 1 or perf.shape[0] != len(archs) or not archs:
+        raise ValueError(f"perf must have shape ({len(archs)},) for {len(archs)} archs (>= 1), "
+                         f"got {tuple(perf.shape)}")
+    if not perf.is_floating_point():
+        perf = perf.double()
+    if torch.isnan(perf.detach()).any():
+        raise ValueError("perf contains NaN")
+    w = torch.softmax(perf / temperature, dim=0)  # (m,)
+    idx = torch.as_tensor(_index_matrix(prev.space, archs), device=perf.device)  # (m, D)
+    table = []
+    for j, (d, old) in enumerate(zip(prev.space.decisions, prev.table, strict=True)):
+        freq = torch.zeros(len(d.choices), dtype=w.dtype, device=w.device).index_add(0, idx[:, j], w)
+        smoothed = (freq + smoothing) / (1.0 + smoothing * len(d.choices))
+        table.append(step * smoothed + (1.0 - step) * old.detach().to(w))
+    return ProbModel(prev.space, tuple(table))
+
+
+def _is_constant(x: torch.Tensor) -> bool:
+    x = x.detach()
+    tol = 64 * torch.finfo(x.dtype).eps * (1.0 + float(x.abs().max()))
+    return float((x - x.mean()).abs().max()) <= tol
+
+
+def gaussian_mi(a: torch.Tensor, b: torch.Tensor, eps: float = 1e-6) -> torch.Tensor | None:
+    """MI of paired entries taken as bivariate-Gaussian samples: ``-0.5 log(1 - rho^2)``, 0-dim.
+
+    rho^2 is clamped to ``1 - eps`` (so identical vectors give a finite MI, with zero gradient).
+    Returns None, not an error, when either vector is constant: Pearson correlation is undefined,
+    and callers skip the term.
+    """
+    if a.dim() != 1 or a.shape != b.shape or a.shape[0] < 2:
+        raise ValueError(f"need two 1-d vectors of equal length >= 2, got {tuple(a.shape)}, {tuple(b.shape)}")
+    if _is_constant(a) or _is_constant(b):
+        return None
+    dtype = torch.promote_types(a.dtype, b.dtype)
+    ac = (a - a.mean()).to(dtype)
+    bc = (b - b.mean()).to(dtype)
+    rho = (ac * bc).sum() / torch.sqrt((ac * ac).sum() * (bc * bc).sum())
+    return -0.5 * torch.log1p(-(rho * rho).clamp(max=1.0 - eps))
+
+
+def model_mi(prev: ProbModel, new: ProbModel, eps: float = 1e-6) -> torch.Tensor | None:
+    """MI between the hyperparameters of P(i-1) (constant) and P(i); None while P(i-1) is uniform."""
+    if prev.space != new.space:
+        raise ValueError("the two models are over different search spaces")
+    if prev.is_uniform():
+        return None
+    return gaussian_mi(prev.log_prob_vector().detach(), new.log_prob_vector(), eps)
+
+
+def mi_loss(prev_model: ProbModel, new_model: ProbModel, beta: float, eps: float = 1e-3,
+            rho_eps: float = 1e-6) -> torch.Tensor | None:
+    """``beta / (MI + eps)``, or None when skipped (beta == 0, P(i-1) uniform, or MI undefined)."""
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta == 0:
+        return None
+    mi = model_mi(prev_model, new_model, rho_eps)
+    return None if mi is None else beta / (mi + eps)
+
+
+def supernet_step_loss(task_losses: torch.Tensor, perf: torch.Tensor, prev_model: ProbModel,
+                       archs: Sequence[Arch], *, temperature: float, smoothing: float, step: float,
+                       beta: float, eps: float = 1e-3) -> tuple[torch.Tensor, ProbModel, dict[str, Any]]:
+    """One method-B weight step, minus the model: loss, P(i) (detached, for the next step), info.
+
+    ``task_losses`` (m,) and ``perf`` (m,) come from the m picked subnets run on the shared weights,
+    with perf kept differentiable so the MI term reaches them.
+    """
+    if task_losses.dim() != 1 or task_losses.shape[0] != len(archs) or not archs:
+        raise ValueError(f"task_losses must have shape ({len(archs)},), got {tuple(task_losses.shape)}")
+    new = mle_update(prev_model, archs, perf, temperature, smoothing, step)
+    task = task_losses.mean()
+    mi = model_mi(prev_model, new) if beta > 0 else None
+    term = None if mi is None else beta / (mi + eps)
+    loss = task if term is None else task + term
+    info: dict[str, Any] = {
+        "task_loss": float(task.detach()),
+        "mi": None if mi is None else float(mi.detach()),
+        "mi_loss": None if term is None else float(term.detach()),
+        "entropy": new.entropy(),
+    }
+    return loss, new.detach(), info
+
+
+@dataclass
+class SearchResult:
+    """What a black-box search returns; ``evaluated`` keeps (arch, perf) in first-evaluation order."""
+
+    model: ProbModel
+    history: list[dict[str, Any]]
+    evaluations: int
+    best_arch: Arch | None
+    best_perf: float
+    evaluated: list[tuple[Arch, float]] = field(default_factory=list)
+
+    def evaluations_until(self, accept: Callable[[Arch], bool]) -> int | None:
+        """How many evaluations it took to first evaluate an accepted arch (None: never)."""
+        return next((i + 1 for i, (a, _) in enumerate(self.evaluated) if accept(a)), None)
+
+
+def _evaluate_cached(archs: Sequence[Arch], evaluate: Callable[[Arch], float], cache: dict[Arch, float],
+                     budget: int | None) -> list[Arch]:
+    """Fill ``cache`` for ``archs``; returns the archs that have a score (new ones dropped past budget)."""
+    scored = []
+    for a in archs:
+        if a not in cache:
+            if budget is not None and len(cache) >= budget:
+                continue
+            cache[a] = float(evaluate(a))
+        scored.append(a)
+    return scored
+
+
+def _result(model: ProbModel, history: list[dict[str, Any]], cache: dict[Arch, float]) -> SearchResult:
+    best = max(cache, key=cache.__getitem__, default=None)
+    return SearchResult(model=model, history=history, evaluations=len(cache), best_arch=best,
+                        best_perf=-math.inf if best is None else cache[best], evaluated=list(cache.items()))
+
+
+def search_blackbox(space: SearchSpace, evaluate: Callable[[Arch], float], *, iterations: int, m: int,
+                    rng: np.random.Generator, temperature: float, smoothing: float, step: float,
+                    entropy_selection: bool = True, prior: ProbModel | None = None, pool_factor: int = 8,
+                    budget: int | None = None) -> SearchResult:
+    """Method B with a fixed scorer (no weights): pick, evaluate, fit P(i) by MLE, N times.
+
+    Each distinct arch is evaluated once (cached), and only first evaluations count. ``budget``
+    caps the count; the search stops when it is reached or an iteration has nothing to score.
+    """
+    if iterations < 0 or m < 1:
+        raise ValueError(f"need iterations >= 0 and m >= 1, got {iterations}, {m}")
+    model = ProbModel.uniform(space) if prior is None else prior
+    if model.space != space:
+        raise ValueError("prior is over a different search space")
+    cache: dict[Arch, float] = {}
+    history: list[dict[str, Any]] = []
+    for i in range(iterations):
+        if budget is not None and len(cache) >= budget:
+            break
+        picked = entropy_pick(model, m, rng, pool_factor) if entropy_selection else plain_pick(model, m, rng)
+        archs = _evaluate_cached(picked, evaluate, cache, budget)
+        if not archs:
+            break
+        perf = torch.tensor([cache[a] for a in archs], dtype=torch.float64)
+        model = mle_update(model, archs, perf, temperature, smoothing, step)
+        history.append({"iteration": i + 1, "entropy": model.entropy(), "best_perf": float(perf.max()),
+                        "mean_perf": float(perf.mean()), "most_likely": model.most_likely().key(),
+                        "evaluations": len(cache)})
+    return _result(model, history, cache)
+
+
+def _unrank(space: SearchSpace, rank: int) -> Arch:
+    """The arch at position ``rank`` of ``space.enumerate()`` (last decision varies fastest)."""
+    index = []
+    for d in reversed(space.decisions):
+        rank, r = divmod(rank, len(d.choices))
+        index.append(r)
+    return space.from_index(tuple(reversed(index)))
+
+
+def random_search(space: SearchSpace, evaluate: Callable[[Arch], float], budget: int,
+                  rng: np.random.Generator) -> SearchResult:
+    """Baseline: ``budget`` distinct archs uniformly at random (without replacement); no history."""
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0, got {budget}")
+    n = min(budget, space.size())
+    if space.size() <= 10**7:
+        archs = [_unrank(space, int(r)) for r in rng.choice(space.size(), size=n, replace=False)]
+    else:
+        archs = ProbModel.uniform(space).sample_distinct(n, rng)
+    cache: dict[Arch, float] = {}
+    _evaluate_cached(archs, evaluate, cache, None)
+    return _result(ProbModel.uniform(space), [], cache)
