@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.base import ClassifierMixin
+from sklearn.base import ClassifierMixin, clone
 from sklearn.decomposition import PCA
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 from sklearn.neighbors import KNeighborsClassifier
-from sklearn.pipeline import Pipeline, make_pipeline
-from sklearn.preprocessing import FunctionTransformer
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
 from pipeline.config import GradeConfig
 
@@ -24,26 +24,29 @@ def _scale(x: np.ndarray) -> np.ndarray:
 def make_scorer(cfg: GradeConfig, n_features: int) -> Pipeline:
     """The cheap grading model; it takes raw uint8 images (N, C, H, W) so it can grade test images later."""
     components = min(cfg.pca_components, n_features)
-    flatten = FunctionTransformer(_scale)
     if cfg.scorer == "knn":
         model: ClassifierMixin = KNeighborsClassifier(n_neighbors=cfg.knn_neighbors)
     else:
-        model = LogisticRegression(max_iter=cfg.max_iter, C=1.0, tol=1e-3)
-    return make_pipeline(flatten, PCA(n_components=components, random_state=cfg.seed), model)
+        model = LogisticRegression(max_iter=cfg.max_iter, tol=1e-3)
+    return Pipeline([
+        ("flatten", FunctionTransformer(_scale)),
+        ("pca", PCA(n_components=components, random_state=cfg.seed)),
+        ("scale", StandardScaler()),
+        ("model", model),
+    ])
 
 
-def out_of_fold_p_true(images: np.ndarray, labels: np.ndarray, cfg: GradeConfig,
+def out_of_fold_p_true(features: np.ndarray, labels: np.ndarray, model: ClassifierMixin, folds: int, seed: int,
                        progress=None) -> np.ndarray:
-    """Probability of each sample's true class from a model that never saw that sample."""
-    n_features = int(np.prod(images.shape[1:]))
+    """Probability of each sample's true class from a model fitted on the other folds only."""
     min_class = int(np.bincount(labels).min())
-    folds = StratifiedKFold(n_splits=min(cfg.folds, max(2, min_class)), shuffle=True, random_state=cfg.seed)
+    splitter = StratifiedKFold(n_splits=min(folds, max(2, min_class)), shuffle=True, random_state=seed)
     p_true = np.empty(len(labels), dtype=np.float64)
     n_classes = int(labels.max()) + 1
-    for fit_idx, held_idx in folds.split(np.zeros(len(labels)), labels):
-        model = make_scorer(cfg, n_features).fit(images[fit_idx], labels[fit_idx])
+    for fit_idx, held_idx in splitter.split(features, labels):
+        fitted = clone(model).fit(features[fit_idx], labels[fit_idx])
         proba = np.zeros((len(held_idx), n_classes))
-        proba[:, model.classes_] = model.predict_proba(images[held_idx])
+        proba[:, fitted.classes_] = fitted.predict_proba(features[held_idx])
         p_true[held_idx] = proba[np.arange(len(held_idx)), labels[held_idx]]
         if progress is not None:
             progress.update(1)
@@ -96,11 +99,21 @@ class Grading:
 
 def grade(images: np.ndarray, labels: np.ndarray, ids: np.ndarray, cfg: GradeConfig,
           progress=None) -> tuple[Grading, Pipeline]:
-    """Grade every training sample and fit the final grading model on all of them."""
-    p_true = out_of_fold_p_true(images, labels, cfg, progress)
-    scores = 1.0 - p_true
-    grading = Grading(ids, labels, scores, assign_levels(scores, ids, cfg.levels))
-    model = make_scorer(cfg, int(np.prod(images.shape[1:]))).fit(images, labels)
+    """Grade every training sample; also return the grading model fitted on all of them.
+
+    The unsupervised front (PCA + standardisation) is fitted once on all training images and shared by
+    the folds: it never sees a label, so the out-of-fold probabilities stay out-of-fold for the labels,
+    and grading costs one PCA instead of ``folds + 1``.
+    """
+    scorer = make_scorer(cfg, int(np.prod(images.shape[1:])))
+    front = scorer[:-1].fit(images)
+    features = front.transform(images)  # (N, pca_components)
     if progress is not None:
         progress.update(1)
-    return grading, model
+    p_true = out_of_fold_p_true(features, labels, scorer[-1], cfg.folds, cfg.seed, progress)
+    scores = 1.0 - p_true
+    grading = Grading(ids, labels, scores, assign_levels(scores, ids, cfg.levels))
+    scorer.steps[-1] = ("model", clone(scorer[-1]).fit(features, labels))
+    if progress is not None:
+        progress.update(1)
+    return grading, scorer

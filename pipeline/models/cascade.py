@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.models.modules import CascadeModule, ModuleSpec, build_module
+from pipeline.models.modules import ModuleSpec, build_module
 from pipeline.search.space import Arch
 
 
@@ -35,7 +35,8 @@ class CascadeSpec:
             raise ValueError("CascadeSpec.modules must list at least one module")
         for k, module in enumerate(self.modules, start=1):
             if not isinstance(module, ModuleSpec):
-                raise ValueError(f"CascadeSpec.modules[{k}] must be a ModuleSpec, got {type(module).__name__}")
+                kind = type(module).__name__
+                raise ValueError(f"CascadeSpec.modules[{k}] must be a ModuleSpec, got {kind}")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> CascadeSpec:
@@ -95,13 +96,13 @@ class Cascade(nn.Module):
         return cls(spec, build_modules(spec, seed))
 
     def default_archs(self) -> list[Arch]:
-        module: CascadeModule
         return [module.default_arch() for module in self.modules_]
 
     def forward_all(self, x: torch.Tensor, archs: Sequence[Arch]) -> list[torch.Tensor]:
         """Every exit's logits, each (B, num_classes), with module k running ``archs[k]``."""
         if len(archs) != len(self.modules_):
-            raise ValueError(f"forward_all needs one arch per module ({len(self.modules_)}), got {len(archs)}")
+            n = len(self.modules_)
+            raise ValueError(f"forward_all needs one arch per module ({n}), got {len(archs)}")
         logits = []
         h = x  # (B, C_in, H, W)
         for module, arch in zip(self.modules_, archs, strict=True):

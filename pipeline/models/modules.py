@@ -170,9 +170,7 @@ class SupernetModule(nn.Module):
         self.spec = spec
         self.in_channels = in_channels
         self.num_classes = num_classes
-        self.space = SearchSpace(
-            tuple(Decision(f"op@l{i + 1}", spec.ops) for i in range(spec.layers))
-        )
+        self.space = SearchSpace(tuple(Decision(f"op@l{i + 1}", spec.ops) for i in range(spec.layers)))
         self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
         self.layers = nn.ModuleList(
             nn.ModuleDict({op: make_op(op, spec.channels) for op in spec.ops}) for _ in range(spec.layers)

@@ -35,7 +35,7 @@ class ProbModel:
 
     def __post_init__(self) -> None:
         if len(self.table) != len(self.space.decisions):
-            raise ValueError(f"{len(self.table)} probability vectors for {len(self.space.decisions)} decisions")
+            raise ValueError(f"{len(self.table)} probability vectors, {len(self.space.decisions)} decisions")
         for d, p in zip(self.space.decisions, self.table, strict=True):
             if not isinstance(p, torch.Tensor) or p.dim() != 1 or p.shape[0] != len(d.choices):
                 raise ValueError(f"{d.label}: expected a 1-d tensor of {len(d.choices)} probabilities")
@@ -96,10 +96,7 @@ class ProbModel:
 
     def sample(self, n: int, rng: np.random.Generator) -> list[Arch]:
         """n independent draws (repeats allowed)."""
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        columns = [rng.choice(p.shape[0], size=n, p=_numpy_probs(p)) for p in self.table]
-        return [self.space.from_index(tuple(int(c[i]) for c in columns)) for i in range(n)]
+        return [self.space.from_index(tuple(int(c) for c in row)) for row in self._sample_index(n, rng)]
 
     def sample_distinct(self, k: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:
         """Up to k distinct draws in first-drawn order, from at most ``max_tries`` draws.
@@ -107,17 +104,29 @@ class ProbModel:
         Fewer than k come back when the space (or the model's support) is smaller, or when the model
         is so concentrated that ``max_tries`` (default ``20 k + 100``) draws do not find k.
         """
+        return [self.space.from_index(row) for row in self._distinct_index(k, rng, max_tries)]
+
+    def _sample_index(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """(n, n_decisions) choice indices of n independent draws."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        columns = [rng.choice(p.shape[0], size=n, p=_numpy_probs(p)) for p in self.table]
+        return np.stack(columns, axis=1) if columns else np.zeros((n, 0), dtype=np.int64)
+
+    def _distinct_index(self, k: int, rng: np.random.Generator,
+                        max_tries: int | None) -> list[tuple[int, ...]]:
+        """Choice indices behind :meth:`sample_distinct` (entropy_pick works on these directly)."""
         if k < 0:
             raise ValueError(f"k must be >= 0, got {k}")
         limit = min(k, self.space.size())
         budget = 20 * k + 100 if max_tries is None else max_tries
-        kept: dict[Arch, None] = {}
+        kept: dict[tuple[int, ...], None] = {}
         drawn = 0
         while len(kept) < limit and drawn < budget:
             batch = min(budget - drawn, max(2 * (limit - len(kept)), 16))
-            for arch in self.sample(batch, rng):
+            for row in self._sample_index(batch, rng).tolist():
                 if len(kept) < limit:
-                    kept.setdefault(arch, None)
+                    kept.setdefault(tuple(row), None)
             drawn += batch
         return list(kept)
 
@@ -145,27 +154,26 @@ def choice_entropy(space: SearchSpace, archs: Sequence[Arch]) -> float:
     return total
 
 
-def _greedy_max_entropy(space: SearchSpace, pool: Sequence[Arch], m: int) -> list[int]:
-    """Indices of m pool members kept greedily, each maximising the kept set's choice entropy."""
-    idx = _index_matrix(space, pool)  # (P, D)
-    counts = [np.zeros(len(d.choices)) for d in space.decisions]
-    free = np.ones(len(pool), dtype=bool)
+def _greedy_max_entropy(space: SearchSpace, idx: np.ndarray, m: int) -> list[int]:
+    """Rows of ``idx`` (P, D) kept greedily, each maximising the kept set's choice entropy."""
+    n_dec = len(space.decisions)
+    width = max((len(d.choices) for d in space.decisions), default=1)
+    counts = np.zeros((n_dec, width))  # padded choice histograms of the kept set
+    rows = np.arange(n_dec)
+    free = np.ones(idx.shape[0], dtype=bool)
     kept: list[int] = []
     for t in range(m):
         n = t + 1
-        score = np.zeros(len(pool))
-        for j, c in enumerate(counts):
-            # entropy of decision j's histogram after adding each choice x: log n - sum f(c') / n
-            f = np.where(c > 0, c * np.log(np.maximum(c, 1.0)), 0.0)
-            after = (c + 1) * np.log(c + 1)
-            h = math.log(n) - (f.sum() - f + after) / n  # (n_choices,)
-            score += h[idx[:, j]]
+        # entropy of each histogram after adding choice x: log n - (sum f(c) - f(c_x) + f(c_x + 1)) / n
+        f = counts * np.log(np.maximum(counts, 1.0))
+        after = (counts + 1) * np.log(counts + 1)
+        h = math.log(n) - (f.sum(axis=1, keepdims=True) - f + after) / n  # (D, width)
+        score = h[rows, idx].sum(axis=1)  # (P,)
         score[~free] = -np.inf
         best = int(np.flatnonzero(score >= score.max() - 1e-9)[0])  # ties: first in pool order
         kept.append(best)
         free[best] = False
-        for j, c in enumerate(counts):
-            c[idx[best, j]] += 1
+        counts[rows, idx[best]] += 1
     return kept
 
 
@@ -178,20 +186,23 @@ def entropy_pick(model: ProbModel, m: int, rng: np.random.Generator, pool_factor
     """
     if m < 0 or pool_factor < 1:
         raise ValueError(f"need m >= 0 and pool_factor >= 1, got m={m}, pool_factor={pool_factor}")
-    pool = model.sample_distinct(pool_factor * m, rng, max_tries)
-    if len(pool) <= m:
-        return pool
-    return [pool[i] for i in _greedy_max_entropy(model.space, pool, m)]
+    pool = model._distinct_index(pool_factor * m, rng, max_tries)
+    if len(pool) > m:
+        idx = np.array(pool, dtype=np.int64).reshape(len(pool), len(model.space.decisions))
+        pool = [pool[i] for i in _greedy_max_entropy(model.space, idx, m)]
+    return [model.space.from_index(row) for row in pool]
 
 
-def plain_pick(model: ProbModel, m: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:
+def plain_pick(model: ProbModel, m: int, rng: np.random.Generator,
+               max_tries: int | None = None) -> list[Arch]:
     """Ablation of :func:`entropy_pick`: m distinct draws of P (fewer only where not possible)."""
     if m < 0:
         raise ValueError(f"m must be >= 0, got {m}")
     return model.sample_distinct(m, rng, max_tries)
 
 
-def final_pick(model: ProbModel, k: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:
+def final_pick(model: ProbModel, k: int, rng: np.random.Generator,
+               max_tries: int | None = None) -> list[Arch]:
     """k distinct candidates from P(N), to be evaluated on held-out data."""
     return model.sample_distinct(k, rng, max_tries)
 

@@ -23,7 +23,8 @@ def cost_aware_loss(
     ``cost_max`` count as ``cost_max``, so the weight stays in ``[1, 1 + lam]``.
     """
     if logits.ndim != 2 or targets.shape != logits.shape[:1]:
-        raise ValueError(f"need logits (B, K) and targets (B,), got {tuple(logits.shape)}, {tuple(targets.shape)}")
+        shapes = f"{tuple(logits.shape)}, {tuple(targets.shape)}"
+        raise ValueError(f"need logits (B, K) and targets (B,), got {shapes}")
     if cost_max <= 0:
         raise ValueError(f"cost_max must be > 0, got {cost_max}")
     if not 0.0 <= exit_saving <= 1.0:

@@ -25,9 +25,10 @@ def random_arch(space: SearchSpace, rng: random.Random) -> Arch:
 
 
 def supernet(stride: int = 2, layers: int = 3) -> SupernetModule:
-    torch.manual_seed(0)  # tests only; the library never touches global state
     spec = ModuleSpec("supernet", 8, stride, layers, ALL_OPS, "ir3_e3")
-    return SupernetModule(spec, in_channels=3, num_classes=5)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return SupernetModule(spec, in_channels=3, num_classes=5)
 
 
 def images(b: int = 2, c: int = 3, hw: int = 11, seed: int = 0) -> torch.Tensor:
@@ -55,8 +56,14 @@ def images(b: int = 2, c: int = 3, hw: int = 11, seed: int = 0) -> torch.Tensor:
     ],
 )
 def test_bad_module_spec_names_the_item(kwargs: dict, item: str) -> None:
-    base = {"kind": "supernet", "channels": 8, "stride": 1, "layers": 2, "ops": ("conv3", "dw3"),
-            "default_op": "conv3"}
+    base = {
+        "kind": "supernet",
+        "channels": 8,
+        "stride": 1,
+        "layers": 2,
+        "ops": ("conv3", "dw3"),
+        "default_op": "conv3",
+    }
     with pytest.raises(ValueError, match=item):
         ModuleSpec(**{**base, **kwargs})
 
@@ -67,7 +74,8 @@ def test_fixed_spec_rejects_supernet_fields() -> None:
 
 
 def test_spec_from_dict_is_hashable_and_strict() -> None:
-    spec = ModuleSpec.from_dict({"kind": "supernet", "channels": 8, "ops": ["conv3", "dw3"], "default_op": "dw3"})
+    raw = {"kind": "supernet", "channels": 8, "ops": ["conv3", "dw3"], "default_op": "dw3"}
+    spec = ModuleSpec.from_dict(raw)
     assert spec.ops == ("conv3", "dw3")
     assert hash(spec) == hash(ModuleSpec("supernet", 8, ops=("conv3", "dw3"), default_op="dw3"))
     with pytest.raises(ValueError, match="chanels"):
@@ -157,7 +165,6 @@ def test_export_is_independent_of_the_supernet() -> None:
 
 
 def test_fixed_module_surface() -> None:
-    torch.manual_seed(0)
     module = FixedModule(ModuleSpec("fixed", 6, 2, 2), 3, 4).eval()
     assert module.space.size() == 1 and module.default_arch() == Arch()
     assert len(module.layers) == 2
@@ -193,10 +200,22 @@ CASCADE = {
     "image_size": 28,
     "modules": [
         {"kind": "fixed", "channels": 8, "stride": 2, "layers": 1},
-        {"kind": "supernet", "channels": 12, "stride": 2, "layers": 2, "ops": ["dw3", "ir3_e3", "skip"],
-         "default_op": "dw3"},
-        {"kind": "supernet", "channels": 16, "stride": 1, "layers": 1, "ops": ["conv3", "ir5_e6"],
-         "default_op": "conv3"},
+        {
+            "kind": "supernet",
+            "channels": 12,
+            "stride": 2,
+            "layers": 2,
+            "ops": ["dw3", "ir3_e3", "skip"],
+            "default_op": "dw3",
+        },
+        {
+            "kind": "supernet",
+            "channels": 16,
+            "stride": 1,
+            "layers": 1,
+            "ops": ["conv3", "ir5_e6"],
+            "default_op": "conv3",
+        },
     ],
 }
 

@@ -1,0 +1,46 @@
+"""What every stage CLI shares: argument parsing, params loading, and turning known errors into a
+one-line message and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import ConfigError, load_params
+from pipeline.data.sources import DataError
+
+
+class StageFailed(RuntimeError):
+    """A check inside a stage failed; the message says which."""
+
+
+def parser(stage: str, doc: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m stages.{stage}", description=(doc or "").strip(),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file (default: params.yaml)")
+    p.add_argument("--root", type=Path, default=Path("."),
+                   help="repository root: git commit and the default MLflow store (default: .)")
+    return p
+
+
+def params_of(args: argparse.Namespace) -> dict[str, Any]:
+    return load_params(args.params)
+
+
+def cli(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
+    """Wrap a stage's main: known errors print ``error: ...`` to stderr and exit with status 1."""
+
+    @functools.wraps(fn)
+    def wrapper(argv: list[str] | None = None) -> int:
+        try:
+            fn(argv)
+        except (ConfigError, DataError, StageFailed, FileNotFoundError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+
+    return wrapper

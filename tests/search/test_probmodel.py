@@ -1,0 +1,279 @@
+"""Tests of method B's probability model: MLE, entropy pick, sampling, MI loss, black-box search."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.search.probmodel import (
+    ProbModel,
+    choice_entropy,
+    entropy_pick,
+    final_pick,
+    gaussian_mi,
+    mi_loss,
+    mle_update,
+    plain_pick,
+    random_search,
+    search_blackbox,
+    supernet_step_loss,
+)
+from pipeline.search.space import Decision, SearchSpace
+from pipeline.search.synthetic import make_synthetic
+
+# Upper 0.1% points of the chi-square distribution (df -> critical value).
+CHI2_CRIT_0001 = {3: 16.266, 11: 31.264}
+
+
+@pytest.fixture
+def small_space() -> SearchSpace:
+    return SearchSpace((Decision("a", ("a0", "a1")), Decision("b", ("b0", "b1", "b2"))))
+
+
+@pytest.fixture
+def grid_space() -> SearchSpace:
+    return SearchSpace(tuple(Decision(f"d{j}", tuple(f"c{c}" for c in range(5))) for j in range(6)))
+
+
+def _arch(space: SearchSpace, a: str, b: str):
+    return space.make({"a": a, "b": b})
+
+
+# --- the model itself -----------------------------------------------------------------------------
+
+
+def test_uniform_model_basics(small_space: SearchSpace) -> None:
+    model = ProbModel.uniform(small_space)
+    assert model.is_uniform()
+    assert model.entropy() == pytest.approx(math.log(6))
+    assert model.most_likely() == _arch(small_space, "a0", "b0")
+    assert model.log_prob_vector().shape == (5,)
+    assert ProbModel.from_dict(small_space, model.as_dict()).as_dict() == model.as_dict()
+
+
+@pytest.mark.parametrize("probs", [[[0.5, 0.5]], [[0.5, 0.5], [0.5, 0.5]], [[0.5, 0.6], [0.2, 0.3, 0.5]],
+                                   [[1.5, -0.5], [0.2, 0.3, 0.5]]])
+def test_bad_probabilities_are_rejected(small_space: SearchSpace, probs: list[list[float]]) -> None:
+    with pytest.raises(ValueError):
+        ProbModel.from_probs(small_space, probs)
+
+
+def test_sampling_follows_probabilities(small_space: SearchSpace) -> None:
+    """Chi-square goodness of fit of the joint (a, b) counts to p_a * p_b."""
+    pa, pb = np.array([0.7, 0.3]), np.array([0.5, 0.35, 0.15])
+    model = ProbModel.from_probs(small_space, [pa.tolist(), pb.tolist()])
+    n = 20_000
+    counts = np.zeros((2, 3))
+    for arch in model.sample(n, np.random.default_rng(0)):
+        counts[small_space.index(arch)] += 1
+    expected = n * np.outer(pa, pb)
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    assert statistic < CHI2_CRIT_0001[11]
+    # and a badly wrong model is caught by the same statistic
+    wrong = n * np.outer([0.6, 0.4], pb)
+    assert float(((counts - wrong) ** 2 / wrong).sum()) > CHI2_CRIT_0001[11]
+
+
+def test_sample_distinct_is_distinct_and_capped(small_space: SearchSpace) -> None:
+    model = ProbModel.uniform(small_space)
+    archs = model.sample_distinct(100, np.random.default_rng(1))
+    assert len(archs) == len(set(archs)) == 6
+    picked = final_pick(ProbModel.uniform(small_space), 4, np.random.default_rng(2))
+    assert len(picked) == len(set(picked)) == 4
+
+
+# --- MLE -------------------------------------------------------------------------------------------
+
+
+def test_mle_equals_weighted_frequencies(small_space: SearchSpace) -> None:
+    archs = [_arch(small_space, "a0", "b0"), _arch(small_space, "a1", "b1"), _arch(small_space, "a0", "b1")]
+    perf = torch.tensor([0.0, math.log(2.0), 0.0], dtype=torch.float64)  # softmax -> (1/4, 1/2, 1/4)
+    prev = ProbModel.uniform(small_space)
+
+    raw = mle_update(prev, archs, perf, temperature=1.0, smoothing=0.0, step=1.0)
+    assert raw.probs("a").tolist() == pytest.approx([0.5, 0.5])
+    assert raw.probs("b").tolist() == pytest.approx([0.25, 0.75, 0.0])
+
+    # Laplace s = 0.5: (freq + 0.5) / (1 + 0.5 n); then half-way back to the uniform prev
+    mixed = mle_update(prev, archs, perf, temperature=1.0, smoothing=0.5, step=0.5)
+    assert mixed.probs("a").tolist() == pytest.approx([0.5, 0.5])
+    expected_b = [0.5 * 0.30 + 0.5 / 3, 0.5 * 0.50 + 0.5 / 3, 0.5 * 0.20 + 0.5 / 3]
+    assert mixed.probs("b").tolist() == pytest.approx(expected_b)
+
+    # temperature sharpens: at T -> 0 all the weight goes to the best arch
+    sharp = mle_update(prev, archs, perf, temperature=1e-3, smoothing=0.0, step=1.0)
+    assert sharp.most_likely() == archs[1]
+
+
+def test_mle_is_differentiable_in_perf(small_space: SearchSpace) -> None:
+    archs = [_arch(small_space, "a0", "b0"), _arch(small_space, "a1", "b2")]
+    perf = torch.tensor([0.1, 0.3], requires_grad=True)
+    new = mle_update(ProbModel.uniform(small_space), archs, perf, 1.0, 0.1, 0.5)
+    new.probs("a")[1].backward()
+    assert perf.grad is not None and float(perf.grad[1]) > 0 > float(perf.grad[0])
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=0.0), dict(smoothing=-1.0), dict(step=0.0),
+                                    dict(step=1.5), dict(perf=torch.zeros(3))])
+def test_mle_rejects_bad_input(small_space: SearchSpace, kwargs: dict) -> None:
+    args = dict(prev=ProbModel.uniform(small_space), archs=[_arch(small_space, "a0", "b0")] * 2,
+                perf=torch.zeros(2), temperature=1.0, smoothing=0.1, step=0.5)
+    with pytest.raises(ValueError):
+        mle_update(**{**args, **kwargs})
+
+
+# --- entropy-maximising pick -----------------------------------------------------------------------
+
+
+def test_entropy_pick_beats_plain_sampling(grid_space: SearchSpace) -> None:
+    rng = np.random.default_rng(3)
+    logits = [torch.as_tensor(rng.normal(size=5)) for _ in range(6)]
+    for model in (ProbModel.uniform(grid_space), ProbModel.from_logits(grid_space, logits)):
+        picked_h, plain_h = [], []
+        for seed in range(20):
+            picked = entropy_pick(model, 10, np.random.default_rng(seed))
+            plain = plain_pick(model, 10, np.random.default_rng(seed))
+            assert len(picked) == len(set(picked)) == 10 == len(plain)
+            picked_h.append(choice_entropy(grid_space, picked))
+            plain_h.append(choice_entropy(grid_space, plain))
+        assert np.mean(picked_h) > np.mean(plain_h) + 0.5  # nats, summed over 6 decisions
+
+
+def test_entropy_pick_small_space_returns_what_exists(small_space: SearchSpace) -> None:
+    picked = entropy_pick(ProbModel.uniform(small_space), 10, np.random.default_rng(0))
+    assert sorted(a.key() for a in picked) == sorted(a.key() for a in small_space.enumerate())
+    # a perfectly balanced pick of 2 from the full space: both decisions split evenly
+    two = entropy_pick(ProbModel.uniform(small_space), 2, np.random.default_rng(0))
+    assert choice_entropy(small_space, two) == pytest.approx(2 * math.log(2))
+
+
+# --- mutual information ----------------------------------------------------------------------------
+
+
+def test_gaussian_mi_matches_closed_form() -> None:
+    rng = np.random.default_rng(4)
+    n, rho = 200_000, 0.6
+    x = rng.normal(size=n)
+    y = rho * x + math.sqrt(1 - rho**2) * rng.normal(size=n)
+    mi = gaussian_mi(torch.as_tensor(x), torch.as_tensor(3.0 * y + 1.0))
+    assert mi is not None and mi.dim() == 0
+    assert float(mi) == pytest.approx(-0.5 * math.log(1 - rho**2), abs=0.01)
+
+
+def test_gaussian_mi_constant_and_identical_vectors() -> None:
+    a = torch.tensor([0.1, 0.5, 0.2, 0.9])
+    assert gaussian_mi(torch.full((4,), math.log(0.2)), a) is None
+    assert gaussian_mi(a, torch.zeros(4)) is None
+    assert float(gaussian_mi(a, a, eps=1e-6)) == pytest.approx(-0.5 * math.log(1e-6), rel=1e-3)
+    with pytest.raises(ValueError):
+        gaussian_mi(a, a[:3])
+
+
+def _tiny_perf_net(space: SearchSpace, archs, seed: int) -> tuple[torch.nn.Linear, torch.Tensor]:
+    """perf = a linear layer on each arch's one-hot encoding: stands in for -CE under shared weights."""
+    gen = torch.Generator().manual_seed(seed)
+    layer = torch.nn.Linear(sum(len(d.choices) for d in space.decisions), 1)
+    with torch.no_grad():  # overwrite the default init, which draws from the global generator
+        layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen))
+        layer.bias.zero_()
+    onehot = torch.zeros(len(archs), layer.in_features)
+    for i, arch in enumerate(archs):
+        offset = 0
+        for d, c in zip(space.decisions, space.index(arch), strict=True):
+            onehot[i, offset + c] = 1.0
+            offset += len(d.choices)
+    return layer, onehot
+
+
+def test_mi_loss_puts_gradient_on_weights(grid_space: SearchSpace) -> None:
+    rng = np.random.default_rng(5)
+    prev = ProbModel.from_logits(grid_space, [torch.as_tensor(rng.normal(size=5)) for _ in range(6)])
+    archs = entropy_pick(prev, 12, rng)
+    layer, onehot = _tiny_perf_net(grid_space, archs, seed=0)
+    kwargs = dict(temperature=0.5, smoothing=0.1, step=0.5, eps=1e-3)
+
+    perf = layer(onehot).squeeze(1)  # (m,)
+    loss, new, info = supernet_step_loss(torch.zeros(len(archs)), perf, prev, archs, beta=1.0, **kwargs)
+    loss.backward()
+    grad = layer.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and float(grad.abs().sum()) > 0
+    assert info["mi"] is not None and info["mi"] > 0
+    assert loss.item() == pytest.approx(1.0 / (info["mi"] + 1e-3))
+    assert not any(p.requires_grad for p in new.table)
+
+    # a small gradient step on the weights raises the MI between P(i-1) and P(i)
+    with torch.no_grad():
+        layer.weight -= 1e-2 * grad
+        layer.bias -= 1e-2 * layer.bias.grad
+    _, _, after = supernet_step_loss(torch.zeros(len(archs)), layer(onehot).squeeze(1).detach(), prev, archs,
+                                     beta=1.0, **kwargs)
+    assert after["mi"] > info["mi"]
+
+
+def test_mi_term_skipped_from_uniform_prior_or_beta_zero(grid_space: SearchSpace) -> None:
+    rng = np.random.default_rng(6)
+    uniform = ProbModel.uniform(grid_space)
+    archs = entropy_pick(uniform, 8, rng)
+    perf = torch.as_tensor(rng.normal(size=8), dtype=torch.float64)
+    task = torch.full((8,), 2.0)
+    loss, new, info = supernet_step_loss(task, perf, uniform, archs, temperature=1.0, smoothing=0.1,
+                                         step=0.5, beta=1.0)
+    assert info["mi"] is None and loss.item() == pytest.approx(2.0)
+    assert mi_loss(uniform, new, beta=1.0) is None
+    assert mi_loss(new, new, beta=0.0) is None
+    loss0, _, info0 = supernet_step_loss(task, perf, new, archs, temperature=1.0, smoothing=0.1, step=0.5,
+                                         beta=0.0)
+    assert info0["mi"] is None and loss0.item() == pytest.approx(2.0)
+
+
+# --- black-box search ------------------------------------------------------------------------------
+
+
+def test_search_caches_evaluations(small_space: SearchSpace) -> None:
+    calls: list[str] = []
+
+    def evaluate(arch) -> float:
+        calls.append(arch.key())
+        return float(small_space.index(arch)[1])
+
+    result = search_blackbox(small_space, evaluate, iterations=20, m=3, rng=np.random.default_rng(0),
+                             temperature=0.5, smoothing=0.1, step=0.5)
+    assert len(calls) == len(set(calls)) == result.evaluations == len(result.evaluated) <= 6
+    assert result.best_perf == 2.0 and small_space.index(result.best_arch)[1] == 2
+    assert len(result.history) == 20
+    assert {"entropy", "best_perf", "mean_perf", "most_likely"} <= set(result.history[-1])
+    assert result.model.probs("b")[2] == result.model.probs("b").max()
+
+
+def test_random_search_is_without_replacement(small_space: SearchSpace) -> None:
+    result = random_search(small_space, lambda a: 0.0, 100, np.random.default_rng(0))
+    assert result.evaluations == 6 == len({a for a, _ in result.evaluated})
+
+
+def test_synthetic_objective_scores_and_optimum() -> None:
+    obj = make_synthetic(np.random.default_rng(7))
+    scores = obj.all_scores()
+    assert scores.shape == (15625,)
+    archs = list(obj.space.enumerate())
+    for r in np.random.default_rng(0).choice(15625, 50, replace=False):
+        assert obj(archs[r]) == pytest.approx(scores[r])
+    assert obj(obj.optimum()) == pytest.approx(scores.max())
+    top = obj.top_set(0.001)
+    assert len(top) == 16 and obj.optimum() in top
+
+
+def test_search_beats_random_search_on_synthetic_objective() -> None:
+    """Evaluations until a top-0.1% arch (of 15625) is first evaluated; misses count as the budget."""
+    budget, searched, randomised = 1500, [], []
+    for rep in range(10):
+        obj = make_synthetic(np.random.default_rng(100 + rep))
+        top = obj.top_set(0.001)
+        result = search_blackbox(obj.space, obj, iterations=500, m=16, rng=np.random.default_rng(rep),
+                                 temperature=0.2, smoothing=0.1, step=0.5, budget=budget)
+        searched.append(result.evaluations_until(top.__contains__) or budget)
+        baseline = random_search(obj.space, obj, budget, np.random.default_rng(rep))
+        randomised.append(baseline.evaluations_until(top.__contains__) or budget)
+    assert np.mean(searched) < 0.6 * np.mean(randomised)
