@@ -13,6 +13,7 @@ from sklearn.model_selection import StratifiedKFold
 from sklearn.neighbors import KNeighborsClassifier
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
+from threadpoolctl import threadpool_limits
 
 from pipeline.config import GradeConfig
 
@@ -105,6 +106,12 @@ def grade(images: np.ndarray, labels: np.ndarray, ids: np.ndarray, cfg: GradeCon
     the folds: it never sees a label, so the out-of-fold probabilities stay out-of-fold for the labels,
     and grading costs one PCA instead of ``folds + 1``.
     """
+    with threadpool_limits(limits=1):  # BLAS threads thrash on a busy 2-core machine: 18x slower measured
+        return _grade(images, labels, ids, cfg, progress)
+
+
+def _grade(images: np.ndarray, labels: np.ndarray, ids: np.ndarray, cfg: GradeConfig,
+           progress=None) -> tuple[Grading, Pipeline]:
     scorer = make_scorer(cfg, int(np.prod(images.shape[1:])))
     front = scorer[:-1].fit(images)
     features = front.transform(images)  # (N, pca_components)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,12 +132,17 @@ def resize_batch(images: np.ndarray, size: int) -> np.ndarray:
 def decode_image_file(path: str | os.PathLike[str], channels: int, size: int) -> np.ndarray:
     """Decode one PNG/JPEG of any size or mode to uint8 ``(channels, size, size)``."""
     import torch
-    from torchvision.io import ImageReadMode, decode_image
+
+    with warnings.catch_warnings():  # torchvision 0.29 flags its decoders as deprecated in favour of torchcodec
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchvision.io import ImageReadMode, decode_image
 
     mode = ImageReadMode.GRAY if channels == 1 else ImageReadMode.RGB
     try:
         data = torch.frombuffer(bytearray(Path(path).read_bytes()), dtype=torch.uint8)
-        image = decode_image(data, mode=mode)  # (C, H, W)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            image = decode_image(data, mode=mode)  # (C, H, W)
     except (RuntimeError, ValueError, OSError) as exc:
         raise DataError(f"image file {path} cannot be decoded: {str(exc).splitlines()[0]}") from None
     return resize_batch(image.numpy()[None], size)[0]

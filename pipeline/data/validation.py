@@ -111,7 +111,8 @@ def run_suite(context: Any, name: str, frame: pd.DataFrame, expectations: list[A
             continue
         config = res.expectation_config
         info = res.result or {}
-        column = config.kwargs.get("column", "")
+        column = config.kwargs.get("column") or ",".join(
+            str(config.kwargs[k]) for k in ("column_A", "column_B") if k in config.kwargs)
         detail = f"{config.type}({column})" if column else config.type
         count = info.get("unexpected_count")
         examples = [row.get(id_column) for row in (info.get("unexpected_index_list") or [])[:5]

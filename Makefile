@@ -1,0 +1,28 @@
+# `make repro` runs the full pipeline on Fashion-MNIST; `make test` runs the test suite.
+# Both run the idempotent set-up first (dataset package, .venv, dvc).
+SHELL := /bin/bash
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+export DVC_NO_ANALYTICS := 1
+export GX_ANALYTICS_ENABLED := false
+export MLFLOW_ENABLE_TELEMETRY := false
+export DO_NOT_TRACK := 1
+
+.PHONY: setup repro test lint bench-data mlflow-ui clean-outputs
+
+setup:
+	@bash scripts/setup.sh
+
+repro: setup
+	dvc repro
+
+test: setup
+	python -m pytest -q
+
+lint: setup
+	ruff check pipeline stages tests bench
+
+bench-data: setup
+	python -m bench.data_stages
+
+mlflow-ui: setup
+	mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000

@@ -1,0 +1,216 @@
+"""Exit thresholds from the per-exit arrays of ``engine.run_all_exits`` (pure numpy).
+
+``simulate_thresholds`` is the calibration math's copy of the engine's exit rule: first exit
+k < K-1 with conf >= threshold_k, else the last. It must agree with ``engine.run_cascade``
+image by image (a test checks it), so it compares in ``conf``'s dtype exactly as torch does.
+Inputs for N images and K exits: ``conf`` (N, K) float, ``correct`` (N, K) bool, ``cum_macs``
+(N, K) the cost of leaving at exit k. Thresholds are K-1 values (the last exit always answers).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+NEVER = 1.01  # no confidence reaches it: the exit is never taken
+ALWAYS = 0.0  # every confidence (max prob or margin) reaches it: every image leaves there
+TOLERANCE = 1e-12  # accuracies are means of booleans; do not let rounding decide feasibility
+
+Key = Callable[[float, float], tuple[Any, ...]]  # (accuracy, mean_macs) -> larger is better
+
+
+def _arrays(conf: Any, correct: Any, cum_macs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    conf, correct, cum_macs = np.asarray(conf), np.asarray(correct), np.asarray(cum_macs)
+    if conf.ndim != 2 or conf.shape != correct.shape or conf.shape != cum_macs.shape:
+        raise ValueError(
+            f"conf, correct and cum_macs must share one shape (N, K), "
+            f"got {conf.shape}, {correct.shape}, {cum_macs.shape}"
+        )
+    if conf.shape[0] == 0 or conf.shape[1] == 0:
+        raise ValueError(f"need at least one image and one exit, got shape {conf.shape}")
+    if not np.issubdtype(conf.dtype, np.floating):
+        conf = conf.astype(np.float64)
+    return conf, correct.astype(bool), cum_macs.astype(np.float64)
+
+
+def exit_indices(conf: Any, thresholds: Sequence[float]) -> np.ndarray:
+    """The exit each image takes (N,): first k < K-1 with conf >= threshold_k, else K-1."""
+    conf = np.asarray(conf)
+    n, k_total = conf.shape
+    if len(thresholds) != k_total - 1:
+        raise ValueError(
+            f"{k_total} exits need {k_total - 1} thresholds (the last always answers), got {len(thresholds)}"
+        )
+    dtype = conf.dtype if np.issubdtype(conf.dtype, np.floating) else np.float64
+    thr = np.asarray(thresholds, dtype=np.float64).astype(dtype)  # (K-1,) rounded as torch rounds
+    leave = np.concatenate([conf[:, :-1] >= thr, np.ones((n, 1), dtype=bool)], axis=1)  # (N, K)
+    return np.argmax(leave, axis=1)  # (N,) first True
+
+
+def simulate_thresholds(
+    conf: Any, correct: Any, cum_macs: Any, thresholds: Sequence[float]
+) -> tuple[float, float, np.ndarray]:
+    """(accuracy, mean MACs, exit counts (K,)) of the cascade under ``thresholds``, without running it."""
+    conf, correct, cum_macs = _arrays(conf, correct, cum_macs)
+    exits = exit_indices(conf, thresholds)  # (N,)
+    rows = np.arange(conf.shape[0])
+    accuracy = float(correct[rows, exits].mean())
+    mean_macs = float(cum_macs[rows, exits].mean())
+    return accuracy, mean_macs, np.bincount(exits, minlength=conf.shape[1])
+
+
+def threshold_grid(conf: Any, size: int = 50) -> list[np.ndarray]:
+    """Candidate thresholds per exit k < K-1: ``size`` quantiles of conf[:, k], plus ``NEVER``.
+
+    Each quantile value v becomes the midpoint between v and the next smaller observed confidence
+    (``ALWAYS`` below the smallest), so no calibration image sits exactly on a threshold and float
+    noise between runs cannot flip its exit.
+    """
+    conf = np.asarray(conf)
+    if conf.ndim != 2 or size < 1:
+        raise ValueError(f"threshold_grid needs conf (N, K) and size >= 1, got {conf.shape}, {size}")
+    grids = []
+    for k in range(conf.shape[1] - 1):
+        ordered = np.sort(conf[:, k]).astype(np.float64)  # (N,)
+        unique = np.unique(ordered)  # (U,)
+        cuts = ordered[np.round(np.linspace(0, len(ordered) - 1, size)).astype(int)]  # (size,)
+        pos = np.searchsorted(unique, cuts)  # index of each cut among the unique values
+        mids = np.where(pos == 0, ALWAYS, (unique[np.maximum(pos - 1, 0)] + cuts) / 2)  # (size,)
+        grids.append(np.unique(np.concatenate([mids, [NEVER]])))
+    return grids
+
+
+def _grids(conf: np.ndarray, grid: int | Sequence[Sequence[float]]) -> list[np.ndarray]:
+    if isinstance(grid, int):
+        return threshold_grid(conf, grid)
+    grids = [np.asarray(g, dtype=np.float64) for g in grid]
+    if len(grids) != conf.shape[1] - 1 or any(g.ndim != 1 or g.size == 0 for g in grids):
+        raise ValueError(f"grid needs {conf.shape[1] - 1} non-empty lists of thresholds, got {len(grids)}")
+    return grids
+
+
+def _search(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    grids: list[np.ndarray],
+    key: Key,
+    feasible: Callable[[float, float], bool],
+    exhaustive_limit: int,
+    max_sweeps: int,
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """Best thresholds under ``key``: every combination if there are at most ``exhaustive_limit``,
+    else coordinate descent from "never exit early" (one exit's grid at a time, until no change).
+    """
+    seen: dict[tuple[float, ...], dict[str, Any]] = {}
+
+    def evaluate(thresholds: tuple[float, ...]) -> dict[str, Any]:
+        if thresholds not in seen:
+            accuracy, mean_macs, counts = simulate_thresholds(*arrays, thresholds)
+            seen[thresholds] = {
+                "thresholds": list(thresholds),
+                "accuracy": accuracy,
+                "mean_macs": mean_macs,
+                "exit_counts": counts.tolist(),
+                "feasible": feasible(accuracy, mean_macs),
+            }
+        return seen[thresholds]
+
+    def score(row: dict[str, Any]) -> tuple[Any, ...]:
+        return key(row["accuracy"], row["mean_macs"])
+
+    if math.prod(len(g) for g in grids) <= exhaustive_limit:
+        combos = [tuple(float(v) for v in c) for c in itertools.product(*grids)]
+        best = max((evaluate(c) for c in combos), key=score)  # max keeps the first of equals
+    else:
+        best = evaluate(tuple(NEVER for _ in grids))
+        for _ in range(max_sweeps):
+            start = best
+            for k, grid in enumerate(grids):
+                current = tuple(best["thresholds"])
+                for value in grid:
+                    row = evaluate(current[:k] + (float(value),) + current[k + 1 :])
+                    if score(row) > score(best):
+                        best = row
+            if best is start:
+                break
+    return list(best["thresholds"]), list(seen.values())
+
+
+def calibrate_delta(
+    conf: Any,
+    correct: Any,
+    cum_macs: Any,
+    delta: float,
+    grid: int | Sequence[Sequence[float]] = 50,
+    *,
+    exhaustive_limit: int = 4096,
+    max_sweeps: int = 10,
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """Thresholds with the least mean MACs whose accuracy is at least that of always running to
+    the last exit minus ``delta`` (a fraction: 0.003 is 0.3 pp), on the data given.
+
+    ``grid`` is a number of quantiles per exit (see ``threshold_grid``) or explicit candidate lists.
+    Returns the thresholds and the sweep: one row per evaluated setting (``thresholds``,
+    ``accuracy``, ``mean_macs``, ``exit_counts``, ``feasible``), for writing and plotting.
+    """
+    if not delta >= 0:
+        raise ValueError(f"delta must be >= 0, got {delta}")
+    arrays = _arrays(conf, correct, cum_macs)
+    target = float(arrays[1][:, -1].mean()) - delta
+
+    def feasible(accuracy: float, _macs: float) -> bool:
+        return accuracy >= target - TOLERANCE
+
+    def key(accuracy: float, macs: float) -> tuple[Any, ...]:
+        ok = feasible(accuracy, macs)
+        return (ok, -macs if ok else accuracy, accuracy)
+
+    return _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps)
+
+
+def calibrate_budget(
+    conf: Any,
+    correct: Any,
+    cum_macs: Any,
+    budget_macs: float,
+    grid: int | Sequence[Sequence[float]] = 50,
+    *,
+    exhaustive_limit: int = 4096,
+    max_sweeps: int = 10,
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """Thresholds with the highest accuracy whose mean MACs per image are at most ``budget_macs``.
+
+    Fails if no setting in the grid fits the budget (it is below the cost of exiting early enough).
+    Returns the thresholds and the sweep, as ``calibrate_delta`` does.
+    """
+    arrays = _arrays(conf, correct, cum_macs)
+
+    def feasible(_accuracy: float, macs: float) -> bool:
+        return macs <= budget_macs
+
+    def key(accuracy: float, macs: float) -> tuple[Any, ...]:
+        ok = feasible(accuracy, macs)
+        return (ok, accuracy if ok else -macs, -macs)
+
+    thresholds, sweep = _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps)
+    if not any(row["feasible"] for row in sweep):
+        least = min(row["mean_macs"] for row in sweep)
+        raise ValueError(f"no thresholds fit a budget of {budget_macs} MACs; the least found is {least:.0f}")
+    return thresholds, sweep
+
+
+def oracle(correct: Any, cum_macs: Any) -> tuple[float, float]:
+    """(accuracy, mean MACs) if each image left at the first exit that is right (else the last):
+    the bound any exit rule over these exits can reach."""
+    correct, cum_macs = np.asarray(correct).astype(bool), np.asarray(cum_macs, dtype=np.float64)
+    if correct.ndim != 2 or correct.shape != cum_macs.shape or correct.size == 0:
+        raise ValueError(
+            f"correct and cum_macs must share one non-empty shape (N, K), "
+            f"got {correct.shape}, {cum_macs.shape}"
+        )
+    right = correct.any(axis=1)  # (N,)
+    exits = np.where(right, np.argmax(correct, axis=1), correct.shape[1] - 1)  # (N,)
+    return float(right.mean()), float(cum_macs[np.arange(len(exits)), exits].mean())

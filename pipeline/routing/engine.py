@@ -1,0 +1,258 @@
+"""The batched early-exit engine: real exits and per-image routing (claims 1-4).
+
+At each module the rows still in the cascade are split by their predictor's choice, each chosen
+subnetwork runs once on its own group, and the rows whose confidence reaches the threshold leave:
+the feature tensor is compacted, so later modules compute only on the images that remain. The
+result does not depend on the batch size (modules run in eval mode; only float noise differs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pipeline.models.cost import count_macs
+from pipeline.models.modules import Subnet, confidence
+from pipeline.routing.predictor import Predictor, predictor_macs
+from pipeline.routing.rules import exit_mask, route_groups
+from pipeline.search.space import Arch
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """One cascade module as the engine runs it.
+
+    ``candidates`` are the subnetworks it may run (one for a fixed module or a static choice, R
+    for per-image routing, which then needs a ``predictor`` over R). ``candidate_macs`` are MACs
+    per image of each candidate path including its exit head; ``threshold`` is ignored on the
+    last stage. A ``Subnet`` (an exported module) runs its own path: give it one candidate.
+    """
+
+    module: nn.Module
+    candidates: tuple[Arch, ...]
+    candidate_macs: tuple[int, ...]
+    threshold: float
+    predictor: Predictor | None = None
+    predictor_macs: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("candidates", "candidate_macs"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        r = len(self.candidates)
+        if r == 0 or not all(isinstance(a, Arch) for a in self.candidates):
+            raise ValueError(f"Stage.candidates must be a non-empty tuple of Arch, got {self.candidates!r}")
+        if len(set(self.candidates)) != r:
+            raise ValueError(f"Stage.candidates has repeats: {[a.key() for a in self.candidates]}")
+        if len(self.candidate_macs) != r or any(int(m) < 0 for m in self.candidate_macs):
+            raise ValueError(f"Stage.candidate_macs needs {r} values >= 0, got {self.candidate_macs!r}")
+        if isinstance(self.module, Subnet) and r != 1:
+            raise ValueError(f"a Subnet runs one fixed path; Stage got {r} candidates")
+        if r > 1 and self.predictor is None:
+            raise ValueError(f"Stage has {r} candidates but no predictor to choose among them")
+        if r == 1 and self.predictor is not None:
+            raise ValueError("Stage has a predictor but a single candidate: nothing to choose")
+        if self.predictor is not None and self.predictor.num_candidates != r:
+            n = self.predictor.num_candidates
+            raise ValueError(f"Stage's predictor scores {n} candidates, but the stage has {r}")
+        if self.predictor_macs < 0:
+            raise ValueError(f"Stage.predictor_macs must be >= 0, got {self.predictor_macs}")
+        if math.isnan(self.threshold):
+            raise ValueError("Stage.threshold is NaN")
+
+
+def build_stage(
+    module: nn.Module,
+    input_shape: Sequence[int],
+    candidates: Sequence[Arch],
+    threshold: float,
+    predictor: Predictor | None = None,
+) -> Stage:
+    """A ``Stage`` with its MACs counted on a (C, H, W) input, so costs come from one counter."""
+    if isinstance(module, Subnet):
+        macs = tuple(count_macs(module, input_shape) for _ in candidates)
+    else:
+        macs = tuple(count_macs(module, input_shape, arch) for arch in candidates)
+    pmacs = predictor_macs(predictor, input_shape) if predictor is not None else 0
+    return Stage(module, tuple(candidates), macs, float(threshold), predictor, pmacs)
+
+
+@dataclass(frozen=True)
+class CascadeOutput:
+    """Per-image results of ``run_cascade``; ``calls[k]`` = images module k actually processed."""
+
+    pred: torch.Tensor  # (B,) long
+    conf: torch.Tensor  # (B,) float
+    exit_index: torch.Tensor  # (B,) long, 0-based module that answered
+    choices: torch.Tensor  # (B, K) long, candidate run at each module, -1 where not reached
+    macs: torch.Tensor  # (B,) long, candidate paths + predictors actually run on the image
+    calls: list[int]
+
+
+@contextlib.contextmanager
+def _eval_mode(stages: Sequence[Stage]) -> Iterator[None]:
+    """Eval mode for every module and predictor, then each submodule's own flag back."""
+    nets = [s.module for s in stages] + [s.predictor for s in stages if s.predictor is not None]
+    flags = [(m, m.training) for net in nets for m in net.modules()]
+    for net in nets:
+        net.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+def _forward(module: nn.Module, x: torch.Tensor, arch: Arch) -> tuple[torch.Tensor, torch.Tensor]:
+    return module(x) if isinstance(module, Subnet) else module(x, arch)
+
+
+def _run_stage(stage: Stage, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Route each row, run each chosen candidate once on its group -> features, logits, choice."""
+    n = h.shape[0]
+    if stage.predictor is None:
+        features, logits = _forward(stage.module, h, stage.candidates[0])
+        return features, logits, torch.zeros(n, dtype=torch.long, device=h.device)
+    choice = stage.predictor.choose(h)  # (n,)
+    groups = route_groups(choice)
+    if len(groups) <= 1:  # everyone chose the same path (or no rows): no gather/scatter needed
+        candidate = groups[0][0] if groups else 0
+        features, logits = _forward(stage.module, h, stage.candidates[candidate])
+        return features, logits, choice
+    features = logits = None
+    for candidate, rows in groups:
+        f, z = _forward(stage.module, h.index_select(0, rows), stage.candidates[candidate])
+        if features is None or logits is None:
+            features = f.new_empty((n, *f.shape[1:]))  # (n, C', H', W')
+            logits = z.new_empty((n, *z.shape[1:]))  # (n, num_classes)
+        features.index_copy_(0, rows, f)
+        logits.index_copy_(0, rows, z)
+    assert features is not None and logits is not None
+    return features, logits, choice
+
+
+def _spent(stage: Stage, choice: torch.Tensor) -> torch.Tensor:
+    """MACs per row at this stage: the chosen candidate's path plus the predictor (n,) long."""
+    table = torch.tensor(stage.candidate_macs, dtype=torch.long, device=choice.device)  # (R,)
+    return table[choice] + stage.predictor_macs  # (n,)
+
+
+def _check(stages: Sequence[Stage], images: torch.Tensor, batch_size: int | None) -> None:
+    if not stages:
+        raise ValueError("the cascade needs at least one stage")
+    if images.dim() != 4 or not images.is_floating_point():
+        got = f"{images.dtype} {tuple(images.shape)}"
+        raise ValueError(f"images must be a float tensor (B, C, H, W), got {got}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+
+
+def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: str) -> CascadeOutput:
+    b, k_total, device = images.shape[0], len(stages), images.device
+    pred = torch.full((b,), -1, dtype=torch.long, device=device)
+    conf = torch.zeros(b, dtype=images.dtype, device=device)
+    exit_index = torch.full((b,), -1, dtype=torch.long, device=device)
+    choices = torch.full((b, k_total), -1, dtype=torch.long, device=device)
+    macs = torch.zeros(b, dtype=torch.long, device=device)
+    calls = []
+    active = torch.arange(b, device=device)  # (n,) original rows still in the cascade
+    h = images  # (n, C, H, W)
+    for k, stage in enumerate(stages):
+        calls.append(active.numel())
+        if active.numel() == 0:
+            continue
+        features, logits, choice = _run_stage(stage, h)  # (n, C', H', W'), (n, classes), (n,)
+        choices[active, k] = choice
+        macs[active] += _spent(stage, choice)
+        c = confidence(logits, confidence_kind)  # (n,)
+        last = k == k_total - 1
+        leave = torch.ones_like(c, dtype=torch.bool) if last else exit_mask(c, stage.threshold)  # (n,)
+        rows = active[leave]
+        pred[rows] = logits[leave].argmax(dim=1)
+        conf[rows] = c[leave]
+        exit_index[rows] = k
+        stay = torch.nonzero(~leave, as_tuple=False).flatten()  # (n',)
+        active = active.index_select(0, stay)
+        h = features.index_select(0, stay)  # (n', C', H', W'): later modules see only these rows
+    return CascadeOutput(pred, conf, exit_index, choices, macs, calls)
+
+
+def run_cascade(
+    stages: Sequence[Stage],
+    images: torch.Tensor,
+    *,
+    confidence_kind: str = "maxprob",
+    batch_size: int | None = None,
+) -> CascadeOutput:
+    """Early-exit inference on images (B, C, H, W): each image leaves at the first module whose
+    confidence reaches its threshold (the last module always answers).
+
+    ``batch_size`` splits the input into chunks run one after another (bounded memory); the
+    per-image results do not depend on it, and ``calls`` are summed over the chunks.
+    """
+    _check(stages, images, batch_size)
+    step = batch_size or max(images.shape[0], 1)
+    with _eval_mode(stages), torch.inference_mode():
+        starts = range(0, images.shape[0], step)
+        parts = [_run_batch(stages, images[i : i + step], confidence_kind) for i in starts]
+        if not parts:
+            return _run_batch(stages, images, confidence_kind)
+        return CascadeOutput(
+            pred=torch.cat([p.pred for p in parts]),
+            conf=torch.cat([p.conf for p in parts]),
+            exit_index=torch.cat([p.exit_index for p in parts]),
+            choices=torch.cat([p.choices for p in parts]),
+            macs=torch.cat([p.macs for p in parts]),
+            calls=[sum(p.calls[k] for p in parts) for k in range(len(stages))],
+        )
+
+
+def _all_exits_batch(
+    stages: Sequence[Stage], images: torch.Tensor, confidence_kind: str
+) -> dict[str, torch.Tensor]:
+    logits, choices, macs = [], [], []
+    h = images  # (B, C, H, W)
+    for stage in stages:
+        h, z, choice = _run_stage(stage, h)  # (B, C', H', W'), (B, classes), (B,)
+        logits.append(z)
+        choices.append(choice)
+        macs.append(_spent(stage, choice))
+    stacked = torch.stack(logits, dim=1)  # (B, K, classes)
+    spent = torch.stack(macs, dim=1)  # (B, K)
+    return {
+        "logits": stacked,
+        "conf": confidence(stacked, confidence_kind),  # (B, K)
+        "pred": stacked.argmax(dim=-1),  # (B, K)
+        "choices": torch.stack(choices, dim=1),  # (B, K)
+        "macs": spent,
+        "cum_macs": spent.cumsum(dim=1),  # (B, K)
+    }
+
+
+def run_all_exits(
+    stages: Sequence[Stage],
+    images: torch.Tensor,
+    *,
+    confidence_kind: str = "maxprob",
+    batch_size: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Every module on every image, with the same per-image routing, and no exits.
+
+    An analysis tool, not the inference path (it spends the full cost on every image): it gives
+    calibration, baselines and the oracle each exit's answer. Returns (N, K, ...) tensors:
+    ``logits`` (N, K, classes), ``conf``, ``pred``, ``choices``, ``macs`` (spent at module k) and
+    ``cum_macs`` (spent up to and including module k, i.e. the cost of exiting there).
+    """
+    _check(stages, images, batch_size)
+    step = batch_size or max(images.shape[0], 1)
+    with _eval_mode(stages), torch.inference_mode():
+        parts = [
+            _all_exits_batch(stages, images[i : i + step], confidence_kind)
+            for i in range(0, max(images.shape[0], 1), step)
+        ]
+    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}

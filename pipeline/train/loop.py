@@ -1,0 +1,486 @@
+"""Training one cascade module behind its frozen predecessors, and evaluating one of its paths.
+
+A fixed module trains on its exit's cost-aware loss. A supernet module trains single-path: each
+step splits the batch into m chunks and runs chunk j through one architecture a_j, so a step costs
+one single-path pass over the batch whatever m and the sampler are (sampler ablations stay fair).
+The sampler is either uniform (single-path one-shot) or method B's probability model, whose step
+adds ``beta / (MI + eps)`` to the task loss and fits P(i) from the chunks' performance.
+
+Determinism: data order and augmentation come from a ``torch.Generator`` per epoch, architecture
+picks from a ``numpy.random.Generator``, both seeded from ``TrainConfig.seed``; the module's initial
+weights are the caller's. Same weights, data and config give bitwise-identical weights on CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from pipeline.io import atomic_path
+from pipeline.models.modules import NO_ARCH, SupernetModule, confidence
+from pipeline.search.probmodel import ProbModel, entropy_pick, model_mi, plain_pick, supernet_step_loss
+from pipeline.search.space import Arch
+from pipeline.train.data import ImageBatches
+from pipeline.train.losses import cost_aware_loss
+
+SCHEDULES = ("cosine", "step", "constant")
+SAMPLERS = ("uniform", "probmodel")
+
+EpochCallback = Callable[[int, dict[str, Any], nn.Module, "ProbModel | None"], None]
+
+
+# ----------------------------------------------------------------------------------------- config
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How one module trains; the method-B fields (``sampler`` on) matter for supernets only."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+    warmup_epochs: float = 0.0
+    crop_padding: int = 0
+    flip: bool = False
+    lam: float = 0.0
+    mu: float = 0.0
+    seed: int = 0
+    label_smoothing: float = 0.0
+    sampler: str = "probmodel"
+    m: int = 4  # subnets per step (the batch is split into m chunks)
+    entropy_selection: bool = True
+    pool_factor: int = 8
+    temperature: float = 0.1
+    smoothing: float = 0.05
+    step: float = 0.1  # MLE mixing step of P(i) with P(i-1)
+    beta: float = 0.01
+    mi_eps: float = 1e-3
+    lambda_c: float = 0.1  # cost weight in perf
+
+    def __post_init__(self) -> None:
+        for problem in _config_problems(self):
+            raise ValueError(problem)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
+        """Build from plain params; unknown keys are an error, not ignored."""
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown keys {unknown}")
+        return cls(**d)
+
+
+def _config_problems(c: TrainConfig) -> Iterator[str]:
+    """Messages naming the offending field, ``TrainConfig.<field> ...``, in field order."""
+    checks: list[tuple[str, bool, str]] = [
+        ("epochs", _is_int(c.epochs) and c.epochs >= 1, "an int >= 1"),
+        ("batch_size", _is_int(c.batch_size) and c.batch_size >= 1, "an int >= 1"),
+        ("lr", _is_number(c.lr) and c.lr > 0, "a number > 0"),
+        ("momentum", _is_number(c.momentum) and 0 <= c.momentum < 1, "in [0, 1)"),
+        ("weight_decay", _is_number(c.weight_decay) and c.weight_decay >= 0, "a number >= 0"),
+        ("schedule", c.schedule in SCHEDULES, f"one of {SCHEDULES}"),
+        ("warmup_epochs", _is_number(c.warmup_epochs) and 0 <= c.warmup_epochs < c.epochs,
+         "a number in [0, epochs)"),
+        ("crop_padding", _is_int(c.crop_padding) and c.crop_padding >= 0, "an int >= 0"),
+        ("flip", isinstance(c.flip, bool), "a bool"),
+        ("lam", _is_number(c.lam) and c.lam >= 0, "a number >= 0"),
+        ("mu", _is_number(c.mu) and c.mu >= 0, "a number >= 0"),
+        ("seed", _is_int(c.seed) and c.seed >= 0, "an int >= 0"),
+        ("label_smoothing", _is_number(c.label_smoothing) and 0 <= c.label_smoothing < 1, "in [0, 1)"),
+        ("sampler", c.sampler in SAMPLERS, f"one of {SAMPLERS}"),
+        ("m", _is_int(c.m) and 1 <= c.m <= c.batch_size, "an int in [1, batch_size]"),
+        ("entropy_selection", isinstance(c.entropy_selection, bool), "a bool"),
+        ("pool_factor", _is_int(c.pool_factor) and c.pool_factor >= 1, "an int >= 1"),
+        ("temperature", _is_number(c.temperature) and c.temperature > 0, "a number > 0"),
+        ("smoothing", _is_number(c.smoothing) and c.smoothing >= 0, "a number >= 0"),
+        ("step", _is_number(c.step) and 0 < c.step <= 1, "in (0, 1]"),
+        ("beta", _is_number(c.beta) and c.beta >= 0, "a number >= 0"),
+        ("mi_eps", _is_number(c.mi_eps) and c.mi_eps > 0, "a number > 0"),
+        ("lambda_c", _is_number(c.lambda_c) and c.lambda_c >= 0, "a number >= 0"),
+    ]
+    for name, ok, wanted in checks:
+        if not ok:
+            yield f"TrainConfig.{name} must be {wanted}, got {getattr(c, name)!r}"
+
+
+def learning_rate(cfg: TrainConfig, iteration: int, iters_per_epoch: int) -> float:
+    """LR of one step: linear warmup, then cosine to 0, x0.1 at 50% and 75%, or constant."""
+    warmup = round(cfg.warmup_epochs * iters_per_epoch)
+    if iteration < warmup:
+        return cfg.lr * (iteration + 1) / warmup
+    total = cfg.epochs * iters_per_epoch
+    progress = (iteration - warmup) / max(total - warmup, 1)  # [0, 1)
+    if cfg.schedule == "cosine":
+        return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if cfg.schedule == "step":
+        return cfg.lr * 0.1 ** ((progress >= 0.5) + (progress >= 0.75))
+    return cfg.lr
+
+
+# ----------------------------------------------------------------------------------------- prefix
+
+
+@contextlib.contextmanager
+def _eval_mode(module: nn.Module) -> Iterator[None]:
+    """Eval mode for the block, then every submodule's own flag back."""
+    flags = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training
+
+
+def _device(module: nn.Module) -> torch.device:
+    param = next(module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+@dataclass(frozen=True, eq=False)
+class Prefix:
+    """What turns a raw uint8 batch into module k's input: normalisation, then the frozen M1..M(k-1).
+
+    The modules are done training: the prefix puts them in eval mode (BatchNorm uses, never updates,
+    its running statistics) with ``requires_grad`` off, and runs them under ``torch.no_grad``.
+    """
+
+    stages: tuple[tuple[nn.Module, Arch], ...] = ()
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple((m, a) for m, a in self.stages))
+        object.__setattr__(self, "mean", tuple(float(v) for v in np.atleast_1d(self.mean)))
+        object.__setattr__(self, "std", tuple(float(v) for v in np.atleast_1d(self.std)))
+        for module, _ in self.stages:
+            module.eval().requires_grad_(False)
+
+    def __contains__(self, module: nn.Module) -> bool:
+        return any(module is m for m, _ in self.stages)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) normalised images -> (B, C_k, H_k, W_k) input of module k."""
+        with torch.no_grad():
+            for module, arch in self.stages:
+                module.eval()  # again: a caller's .train() on a parent must not move BN statistics
+                x, _ = module(x, arch)  # (B, C_j, H_j, W_j)
+        return x
+
+    def batches(self, images: np.ndarray, labels: np.ndarray, batch_size: int, device: torch.device,
+                **augment: Any) -> ImageBatches:
+        """Batches normalised the way this prefix expects."""
+        return ImageBatches(images, labels, batch_size, mean=self.mean, std=self.std, device=device,
+                            **augment)
+
+
+# ----------------------------------------------------------------------------------------- steps
+
+
+@dataclass(frozen=True)
+class _LossParams:
+    """Everything a chunk's loss needs besides the data."""
+
+    cost_of: Callable[[Arch], float]
+    cost_max: float
+    exit_saving: float
+    lam: float
+    mu: float
+    label_smoothing: float
+    lambda_c: float
+    costs: dict[Arch, float] = field(default_factory=dict)  # cost_of may run a model: price each arch once
+
+    def cost(self, arch: Arch) -> float:
+        if arch not in self.costs:
+            self.costs[arch] = float(self.cost_of(arch))
+        return self.costs[arch]
+
+
+@dataclass
+class _Chunk:
+    loss: torch.Tensor  # () task loss, differentiable
+    ce: torch.Tensor  # () plain cross-entropy, differentiable (perf uses it)
+    correct: torch.Tensor  # () count, detached
+    bce: float
+
+
+def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch, p: _LossParams) -> _Chunk:
+    """Cost-aware loss of one chunk through one path (plus label smoothing, if any)."""
+    _, logits = module(x, arch)  # (b, K)
+    cost = p.cost(arch)
+    loss, parts = cost_aware_loss(logits, y, cost, p.cost_max, p.exit_saving, p.lam, p.mu)
+    ce = F.cross_entropy(logits, y)
+    if p.label_smoothing > 0:
+        # Smoothed CE = (1 - e) CE + e * mean_k(-log p_k); add the difference, with the same cost weight.
+        uniform_ce = -F.log_softmax(logits, dim=-1).mean(dim=-1).mean()
+        weight = 1.0 + p.lam * (1.0 - min(max(cost / p.cost_max, 0.0), 1.0))
+        loss = loss + p.label_smoothing * weight * (uniform_ce - ce)
+    correct = (logits.argmax(dim=-1) == y).sum().detach()
+    return _Chunk(loss, ce, correct, parts["bce"])
+
+
+def _pick(cfg: TrainConfig, model: ProbModel, rng: np.random.Generator) -> list[Arch]:
+    if cfg.sampler == "probmodel" and cfg.entropy_selection:
+        return entropy_pick(model, cfg.m, rng, cfg.pool_factor)
+    return plain_pick(model, cfg.m, rng)
+
+
+@dataclass
+class _StepOut:
+    loss: torch.Tensor
+    chunks: list[_Chunk]
+    info: dict[str, Any]  # per-iteration record (supernets), floats and the most likely key
+    model: ProbModel | None  # P(i), detached (probmodel sampler)
+
+
+def _supernet_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor, archs: Sequence[Arch],
+                   prev: ProbModel | None, cfg: TrainConfig, p: _LossParams) -> _StepOut:
+    """Chunk j of the batch through arch j; method B's loss and P(i) when ``prev`` is given."""
+    n = min(len(archs), x.shape[0])
+    archs = list(archs[:n])
+    chunks = [_chunk_loss(module, xj, yj, a, p)
+              for xj, yj, a in zip(x.tensor_split(n), y.tensor_split(n), archs, strict=True)]
+    task = torch.stack([c.loss for c in chunks])  # (m,)
+    cost = torch.tensor([p.cost(a) / p.cost_max for a in archs], dtype=torch.float64, device=x.device)
+    perf = -torch.stack([c.ce for c in chunks]).double() - p.lambda_c * cost  # (m,) differentiable
+    best, mean = torch.stack([perf.detach().max(), perf.detach().mean()]).tolist()
+    info: dict[str, Any] = {"best_perf": best, "mean_perf": mean}
+    if prev is None:
+        return _StepOut(task.mean(), chunks, info, None)
+    loss, new, step_info = supernet_step_loss(task, perf, prev, archs, temperature=cfg.temperature,
+                                              smoothing=cfg.smoothing, step=cfg.step, beta=cfg.beta,
+                                              eps=cfg.mi_eps)
+    mi = step_info["mi"]
+    if mi is None and not prev.is_uniform():  # beta == 0: still log how much P(i-1), P(i) agree
+        value = model_mi(prev, new)
+        mi = None if value is None else float(value)
+    info.update(entropy=step_info["entropy"], mi=math.nan if mi is None else mi,
+                mi_loss=math.nan if step_info["mi_loss"] is None else step_info["mi_loss"],
+                task_loss=step_info["task_loss"], most_likely=new.most_likely().key())
+    return _StepOut(loss, chunks, info, new)
+
+
+def _forward_step(module: nn.Module, h: torch.Tensor, y: torch.Tensor, model: ProbModel | None,
+                  cfg: TrainConfig, p: _LossParams, rng: np.random.Generator) -> _StepOut:
+    """Loss of one step: the whole batch through a fixed module, or chunks through picked paths."""
+    if not isinstance(module, SupernetModule):
+        chunk = _chunk_loss(module, h, y, NO_ARCH, p)
+        return _StepOut(chunk.loss, [chunk], {}, None)
+    archs = _pick(cfg, model if model is not None else ProbModel.uniform(module.space), rng)
+    return _supernet_step(module, h, y, archs, model, cfg, p)
+
+
+# ----------------------------------------------------------------------------------------- training
+
+
+@dataclass
+class TrainResult:
+    """Per-epoch history, per-iteration records (probmodel sampler) and P(N) (or None)."""
+
+    history: list[dict[str, Any]]
+    iterations: list[dict[str, Any]]
+    prob_model: ProbModel | None
+
+
+def _optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
+    """Nesterov SGD; no weight decay on BatchNorm and biases (1-d), which it would only shrink."""
+    params = [q for q in module.parameters() if q.requires_grad]
+    decay = [q for q in params if q.ndim > 1]
+    no_decay = [q for q in params if q.ndim <= 1]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.SGD([g for g in groups if g["params"]], lr=cfg.lr, momentum=cfg.momentum,
+                           nesterov=cfg.momentum > 0)
+
+
+@dataclass(frozen=True)
+class _StepStats:
+    """What an epoch summary needs from one step, detached so that no graph outlives its step."""
+
+    loss: float
+    ce: tuple[float, ...]  # per chunk
+    correct: int
+    bce: tuple[float, ...]  # per chunk
+    info: dict[str, Any]
+
+    @classmethod
+    def of(cls, out: _StepOut) -> _StepStats:
+        n = len(out.chunks)
+        parts = [out.loss.detach().reshape(1), *(c.ce.detach().reshape(1) for c in out.chunks),
+                 *(c.correct.reshape(1) for c in out.chunks)]
+        values = torch.cat([t.to(torch.float64) for t in parts]).tolist()  # one device sync
+        bce = tuple(c.bce for c in out.chunks)
+        return cls(values[0], tuple(values[1:1 + n]), int(sum(values[1 + n:])), bce, out.info)
+
+
+def _epoch_summary(steps: list[_StepStats], seen: int, seconds: float, lr: float) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "loss": float(np.mean([s.loss for s in steps])),
+        "ce": float(np.mean([ce for s in steps for ce in s.ce])),
+        "bce": float(np.mean([b for s in steps for b in s.bce])),
+        "train_acc": sum(s.correct for s in steps) / max(seen, 1),
+        "lr": lr,
+        "seconds": seconds,
+        "images_per_s": seen / max(seconds, 1e-9),
+    }
+    infos = [s.info for s in steps if s.info]
+    if infos:
+        record["best_perf"] = float(np.mean([i["best_perf"] for i in infos]))
+        record["mean_perf"] = float(np.mean([i["mean_perf"] for i in infos]))
+    return record
+
+
+def train_module(
+    module: nn.Module,
+    prefix: Prefix,
+    images: np.ndarray,
+    labels: np.ndarray,
+    cfg: TrainConfig,
+    *,
+    cost_of: Callable[[Arch], float],
+    cost_max: float,
+    exit_saving: float,
+    on_epoch: EpochCallback | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train ``module`` in place on images (N, C, H, W) uint8 seen through the frozen ``prefix``.
+
+    ``on_epoch(epoch, record, module, prob_model)`` runs after each epoch (1-based), e.g. to
+    checkpoint and log; ``prob_model`` is P after that epoch, or None without the probmodel sampler.
+    """
+    if module in prefix:
+        raise ValueError("the module being trained is part of its own frozen prefix")
+    if cost_max <= 0:
+        raise ValueError(f"cost_max must be > 0, got {cost_max}")
+    if not any(q.requires_grad for q in module.parameters()):
+        raise ValueError("the module has no trainable parameters (a Prefix freezes the modules it holds)")
+    supernet = isinstance(module, SupernetModule)
+    device = _device(module)
+    data = prefix.batches(images, labels, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
+                          flip=cfg.flip, drop_last=True, seed=cfg.seed)
+    rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # arch picks: own stream
+    params = _LossParams(cost_of, cost_max, exit_saving, cfg.lam, cfg.mu, cfg.label_smoothing, cfg.lambda_c)
+    model = ProbModel.uniform(module.space) if supernet and cfg.sampler == "probmodel" else None
+    optimizer = _optimizer(module, cfg)
+    history: list[dict[str, Any]] = []
+    iterations: list[dict[str, Any]] = []
+    module.train()
+    for epoch in range(1, cfg.epochs + 1):
+        start, steps = time.perf_counter(), []
+        bar = tqdm(data.epoch(epoch), total=len(data), desc=f"epoch {epoch}/{cfg.epochs}",
+                   disable=not progress, leave=False)
+        epoch_lr = learning_rate(cfg, (epoch - 1) * len(data), len(data))
+        for i, (x, y) in enumerate(bar):
+            lr = learning_rate(cfg, (epoch - 1) * len(data) + i, len(data))
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            h = prefix(x)  # (B, C_k, H_k, W_k)
+            out = _forward_step(module, h, y, model, cfg, params, rng)
+            optimizer.zero_grad(set_to_none=True)  # unpicked ops keep grad None: no decay, no momentum
+            out.loss.backward()
+            optimizer.step()
+            if out.model is not None:
+                model = out.model
+                iterations.append({"epoch": epoch, "iteration": len(iterations) + 1, **out.info})
+            steps.append(_StepStats.of(out))
+            bar.set_postfix(loss=f"{steps[-1].loss:.3f}", refresh=False)
+        bar.close()
+        seconds = time.perf_counter() - start
+        record = {"epoch": epoch, **_epoch_summary(steps, data.num_images, seconds, epoch_lr)}
+        if supernet:
+            record.update(_model_summary(model or ProbModel.uniform(module.space), steps))
+        history.append(record)
+        if on_epoch is not None:
+            on_epoch(epoch, record, module, model)
+    module.eval()
+    return TrainResult(history, iterations, model)
+
+
+def _model_summary(model: ProbModel, steps: list[_StepStats]) -> dict[str, Any]:
+    """Epoch-end entropy of P; mean finite MI over the epoch (NaN if none); P's most likely arch.
+
+    Under the uniform sampler P stays uniform: entropy is log |space| and there is no most likely arch.
+    """
+    mis = [s.info["mi"] for s in steps if math.isfinite(s.info.get("mi", math.nan))]
+    record: dict[str, Any] = {"entropy": model.entropy(), "mi": float(np.mean(mis)) if mis else math.nan}
+    if not model.is_uniform():
+        record["most_likely"] = model.most_likely().key()
+    return record
+
+
+# ----------------------------------------------------------------------------------------- evaluation
+
+
+def module_outputs(module: nn.Module, prefix: Prefix, images: np.ndarray, arch: Arch, batch_size: int,
+                   *, features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exit logits (N, K) of one path on CPU, and its feature maps (N, C, H, W) only if asked (big)."""
+    device = _device(module)
+    data = prefix.batches(images, np.zeros(len(images), dtype=np.int64), batch_size, device)
+    logits, maps = [], []
+    with _eval_mode(module), torch.no_grad():
+        for x, _ in data:
+            h, z = module(prefix(x), arch)  # (B, C, H, W), (B, K)
+            logits.append(z.cpu())
+            if features:
+                maps.append(h.cpu())
+    return torch.cat(logits), (torch.cat(maps) if features else None)
+
+
+def evaluate_path(module: nn.Module, prefix: Prefix, images: np.ndarray, labels: np.ndarray, arch: Arch,
+                  batch_size: int) -> dict[str, float]:
+    """Accuracy, mean CE and mean confidence of one path's exit, without augmentation."""
+    logits, _ = module_outputs(module, prefix, images, arch, batch_size)  # (N, K)
+    y = torch.as_tensor(np.asarray(labels, dtype=np.int64))  # (N,)
+    return {
+        "acc": float((logits.argmax(dim=-1) == y).double().mean()),
+        "ce": float(F.cross_entropy(logits.double(), y)),
+        "conf_mean": float(confidence(logits).double().mean()),
+    }
+
+
+# ----------------------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(path: str | os.PathLike[str], module: nn.Module,
+                    optimizer_state: dict[str, Any] | None = None, epoch: int = 0,
+                    prob_model: ProbModel | None = None) -> None:
+    """Weights, optional optimizer state, epoch and P (as plain dicts), written atomically."""
+    payload = {
+        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+        "optimizer": optimizer_state,
+        "epoch": int(epoch),
+        "prob_model": None if prob_model is None else prob_model.as_dict(),
+    }
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The whole payload of :func:`save_checkpoint` (tensors and plain data only: weights_only)."""
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_module_state(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
+    """Just the weights, for ``module.load_state_dict``."""
+    return load_checkpoint(path)["state_dict"]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up of a fresh machine: the Fashion-MNIST Debian package, a virtualenv with the
+# project and its dependencies, and DVC with analytics off. Quick when everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+DATASET_FILE=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+
+if [ ! -f "$DATASET_FILE" ]; then
+    echo "setup: installing the Debian package dataset-fashion-mnist"
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    echo "setup: creating .venv"
+    "$PYTHON" -m venv .venv
+fi
+
+# Reinstall only when the declared dependencies change.
+stamp=".venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+    echo "setup: installing Python dependencies into .venv (first time: a few minutes)"
+    .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
+    # torch 2.14.1 + torchvision 0.29.1 lie on this machine's disk (the only torchvision that imports
+    # here); elsewhere fall back to whatever pyproject's ranges resolve to.
+    .venv/bin/pip install -q --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" \
+        || .venv/bin/pip install -q --disable-pip-version-check torch torchvision
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+    rm -f .venv/.installed-*
+    touch "$stamp"
+fi
+
+if [ ! -d .dvc ]; then
+    .venv/bin/dvc init -q
+fi
+.venv/bin/dvc config core.analytics false
+echo "setup: ready (.venv, dataset-fashion-mnist, dvc)"

@@ -1,0 +1,64 @@
+"""A temporary copy of the repository on the tiny profile, with `dvc repro` run once per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.config import deep_merge, load_params
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def repo_files(root: Path) -> list[str]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if line and (root / line).is_file()]
+
+
+def env_for(repo: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{repo / 'mlflow.db'}"
+    env["DVC_NO_ANALYTICS"] = "1"
+    env["GX_ANALYTICS_ENABLED"] = "false"
+    env["PYTHONPATH"] = str(repo)
+    env.pop("CASCADE_EXECUTION_ID", None)
+    return env
+
+
+def run(cmd: list[str], repo: Path, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=repo, env=env_for(repo), capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-3000:]}")
+    return result
+
+
+def make_tiny_repo(dest: Path) -> Path:
+    for rel in repo_files(ROOT):
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+    params = deep_merge(load_params(dest / "params.yaml"), load_params(dest / "profiles" / "tiny.yaml"))
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
+                ["git", "config", "user.name", "test"], ["git", "add", "-A"],
+                ["git", "commit", "-qm", "tiny profile"]):
+        run(cmd, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory) -> Path:
+    repo = make_tiny_repo(tmp_path_factory.mktemp("tiny") / "repo")
+    run(["dvc", "repro"], repo)
+    run(["git", "add", "-A"], repo)
+    run(["git", "commit", "-qm", "repro"], repo)
+    return repo

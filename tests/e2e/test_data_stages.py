@@ -1,0 +1,87 @@
+"""Real `dvc repro` of the pipeline on the tiny profile, in a temporary copy of the repository."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import run
+
+pytestmark = pytest.mark.e2e
+
+
+def test_outputs_metrics_plots_and_docs(tiny_repo):
+    for path in ("data/prepared/train.npz", "data/prepared/meta.json", "reports/validation/summary.json",
+                 "reports/validation/docs/index.html", "data/graded/scores.csv", "data/graded/module_3.txt",
+                 "data/graded/grader.pkl", "plots/grade/score_hist.png", "plots/grade/examples.png"):
+        assert (tiny_repo / path).exists(), path
+    grade = json.loads((tiny_repo / "metrics/grade.json").read_text())
+    means = [lv["mean_score"] for lv in grade["levels"]]
+    assert means == sorted(means) and len(means) == 3
+    shown = run(["dvc", "metrics", "show"], tiny_repo).stdout
+    assert "metrics/grade.json" in shown and "metrics/ingest.json" in shown
+
+
+def dag_edges(repo) -> set[tuple[str, str]]:
+    """Edges of `dvc dag` as (upstream, downstream) stage names, read from its mermaid output."""
+    lines = [line.strip() for line in run(["dvc", "dag", "--md"], repo).stdout.splitlines()]
+    names = {line.split("[")[0]: line.split('"')[1] for line in lines if '["' in line}
+    return {(names[a], names[b]) for a, b in (line.split("-->") for line in lines if "-->" in line)}
+
+
+def test_dag_order(tiny_repo):
+    edges = dag_edges(tiny_repo)
+    assert ("ingest", "validate") in edges and ("validate", "grade") in edges
+
+
+def test_noop_repro_and_param_change_reruns_only_dependents(tiny_repo):
+    assert "up to date" in run(["dvc", "status"], tiny_repo).stdout
+    params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
+    params["grade"]["folds"] = 4
+    (tiny_repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    status = run(["dvc", "status"], tiny_repo).stdout
+    assert "grade:" in status and "ingest:" not in status and "validate:" not in status
+    run(["git", "checkout", "params.yaml"], tiny_repo)
+    assert "up to date" in run(["dvc", "status"], tiny_repo).stdout
+
+
+def test_every_stage_is_an_mlflow_run_of_one_execution(tiny_repo):
+    with sqlite3.connect(tiny_repo / "mlflow.db") as db:
+        rows = db.execute("select r.run_uuid, t.key, t.value from runs r join tags t on r.run_uuid = t.run_uuid "
+                          "where t.key in ('stage', 'pipeline_execution', 'git_commit')").fetchall()
+    tags: dict[str, dict[str, str]] = {}
+    for run_id, key, value in rows:
+        tags.setdefault(run_id, {})[key] = value
+    stages = {t["stage"] for t in tags.values()}
+    assert {"ingest", "validate", "grade"} <= stages
+    assert len({t["pipeline_execution"] for t in tags.values()}) == 1
+    assert all(len(t["git_commit"]) >= 40 for t in tags.values())
+
+
+def test_push_and_pull_give_byte_identical_splits(tiny_repo, tmp_path):
+    remote = tmp_path / "remote"
+    run(["dvc", "remote", "add", "-f", "-d", "local", str(remote)], tiny_repo)
+    run(["dvc", "push"], tiny_repo)
+    clone = tmp_path / "clone"
+    run(["git", "clone", "-q", str(tiny_repo), str(clone)], tmp_path)
+    run(["dvc", "remote", "add", "-f", "-d", "local", str(remote)], clone)
+    run(["dvc", "pull", "data/graded", "data/prepared"], clone)
+    for rel in ("data/graded/scores.csv", "data/graded/module_1.txt", "data/prepared/train.npz"):
+        assert (clone / rel).read_bytes() == (tiny_repo / rel).read_bytes(), rel
+    shutil.rmtree(clone)
+
+
+def test_failed_validation_stops_the_pipeline(tiny_repo, tmp_path):
+    params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
+    params["validate"]["pixel_mean_min"] = 200.0  # no digit is that bright on average
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(params))
+    out = tmp_path / "validation"
+    result = run(["python", "-m", "stages.validate", "--params", str(bad), "--data", "data/prepared",
+                  "--out", str(out)], tiny_repo, check=False)
+    assert result.returncode == 1
+    assert "expect_column_values_to_be_between(pixel_mean)" in result.stderr and "e.g. ids" in result.stderr

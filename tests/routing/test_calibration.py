@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.routing.calibration import (
+    ALWAYS,
+    NEVER,
+    calibrate_budget,
+    calibrate_delta,
+    exit_indices,
+    oracle,
+    simulate_thresholds,
+    threshold_grid,
+)
+from pipeline.routing.engine import run_all_exits, run_cascade
+from tests.routing.conftest import TinyCascade, images
+
+
+def synthetic(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Later exits are right more often; confidence is informative but noisy; costs grow."""
+    rng = np.random.default_rng(seed)
+    difficulty = rng.random(n)  # (N,)
+    skill = np.linspace(0.5, 0.9, k)  # (K,) accuracy of each exit
+    correct = difficulty[:, None] < skill[None, :]  # (N, K)
+    conf = np.clip(0.55 + 0.3 * (correct - 0.5) + rng.normal(0, 0.15, (n, k)), 0, 1).astype(np.float32)
+    cum_macs = np.cumsum(rng.integers(80, 120, (n, k)), axis=1)  # (N, K)
+    return conf, correct, cum_macs
+
+
+def test_simulate_thresholds_hand_case() -> None:
+    conf = np.array([[0.9, 0.1, 0.2], [0.3, 0.8, 0.1], [0.3, 0.4, 0.5], [0.6, 0.6, 0.6]])
+    correct = np.array([[1, 0, 0], [0, 1, 1], [0, 0, 0], [0, 1, 1]], dtype=bool)
+    cum_macs = np.array([[1, 3, 6]] * 4)
+    assert exit_indices(conf, [0.6, 0.7]).tolist() == [0, 1, 2, 0]
+    accuracy, mean_macs, counts = simulate_thresholds(conf, correct, cum_macs, [0.6, 0.7])
+    assert accuracy == pytest.approx(2 / 4)
+    assert mean_macs == pytest.approx((1 + 3 + 6 + 1) / 4)
+    assert counts.tolist() == [2, 1, 1]
+    assert simulate_thresholds(conf, correct, cum_macs, [NEVER, NEVER])[2].tolist() == [0, 0, 4]
+    assert simulate_thresholds(conf, correct, cum_macs, [ALWAYS, NEVER])[2].tolist() == [4, 0, 0]
+
+
+def test_simulate_thresholds_rejects_bad_input() -> None:
+    conf, correct, cum_macs = synthetic(10, 3, seed=0)
+    with pytest.raises(ValueError, match="2 thresholds"):
+        simulate_thresholds(conf, correct, cum_macs, [0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match="one shape"):
+        simulate_thresholds(conf, correct[:, :2], cum_macs, [0.5, 0.5])
+
+
+def test_threshold_grid_avoids_observed_confidences() -> None:
+    conf, _, _ = synthetic(500, 3, seed=1)
+    grids = threshold_grid(conf, size=20)
+    assert len(grids) == 2
+    for k, grid in enumerate(grids):
+        assert grid[0] == ALWAYS and grid[-1] == NEVER and len(grid) <= 21
+        assert np.all(np.diff(grid) > 0)
+        assert not np.isin(grid[1:].astype(np.float32), conf[:, k]).any()  # ALWAYS sits at 0 on purpose
+
+
+@pytest.mark.parametrize(("k", "exhaustive_limit"), [(3, 4096), (3, 0), (4, 0)])
+def test_calibrate_delta_meets_the_target_and_saves(k: int, exhaustive_limit: int) -> None:
+    conf, correct, cum_macs = synthetic(2000, k, seed=2)
+    delta = 0.01
+    thresholds, sweep = calibrate_delta(conf, correct, cum_macs, delta, 30, exhaustive_limit=exhaustive_limit)
+    accuracy, mean_macs, _ = simulate_thresholds(conf, correct, cum_macs, thresholds)
+    last_accuracy, last_macs = correct[:, -1].mean(), cum_macs[:, -1].mean()
+    assert len(thresholds) == k - 1
+    assert accuracy >= last_accuracy - delta
+    assert mean_macs < 0.9 * last_macs  # it does exit early
+    chosen = next(row for row in sweep if row["thresholds"] == thresholds)
+    assert chosen["accuracy"] == accuracy and chosen["feasible"]
+    # Nothing in the sweep is feasible and cheaper.
+    assert all(row["mean_macs"] >= mean_macs for row in sweep if row["feasible"])
+
+
+def test_exhaustive_search_is_at_least_as_good_as_coordinate_descent() -> None:
+    conf, correct, cum_macs = synthetic(1000, 3, seed=3)
+    exact, _ = calibrate_delta(conf, correct, cum_macs, 0.02, 20)
+    greedy, _ = calibrate_delta(conf, correct, cum_macs, 0.02, 20, exhaustive_limit=0)
+    assert (
+        simulate_thresholds(conf, correct, cum_macs, exact)[1]
+        <= simulate_thresholds(conf, correct, cum_macs, greedy)[1]
+    )
+
+
+def test_calibrate_delta_zero_keeps_full_accuracy() -> None:
+    conf, correct, cum_macs = synthetic(500, 3, seed=4)
+    thresholds, _ = calibrate_delta(conf, correct, cum_macs, 0.0, 10)
+    assert simulate_thresholds(conf, correct, cum_macs, thresholds)[0] >= correct[:, -1].mean()
+    with pytest.raises(ValueError, match="delta"):
+        calibrate_delta(conf, correct, cum_macs, -0.1, 10)
+
+
+def test_calibrate_budget_is_the_most_accurate_within_budget() -> None:
+    conf, correct, cum_macs = synthetic(1000, 3, seed=5)
+    budget = 0.7 * cum_macs[:, -1].mean()
+    thresholds, sweep = calibrate_budget(conf, correct, cum_macs, budget, 15)
+    accuracy, mean_macs, _ = simulate_thresholds(conf, correct, cum_macs, thresholds)
+    assert mean_macs <= budget
+    assert accuracy == max(row["accuracy"] for row in sweep if row["mean_macs"] <= budget)
+    with pytest.raises(ValueError, match="budget"):
+        calibrate_budget(conf, correct, cum_macs, 0.5 * cum_macs[:, 0].min(), 15)
+
+
+def test_oracle_leaves_at_the_first_right_exit() -> None:
+    correct = np.array([[0, 1, 1], [0, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=bool)
+    cum_macs = np.array([[1, 3, 6]] * 4)
+    accuracy, mean_macs = oracle(correct, cum_macs)
+    assert accuracy == pytest.approx(3 / 4)
+    assert mean_macs == pytest.approx((3 + 6 + 1 + 6) / 4)
+
+
+def test_simulation_agrees_with_the_engine(tiny: TinyCascade) -> None:
+    x = images(200, seed=11)
+    labels = torch.randint(0, 4, (200,), generator=torch.Generator().manual_seed(0))
+    every = run_all_exits(tiny.stages, x)
+    conf = every["conf"].numpy()
+    correct = (every["pred"] == labels[:, None]).numpy()
+    cum_macs = every["cum_macs"].numpy()
+    grids = threshold_grid(conf, size=8)
+    settings = [[float(a), float(b)] for a in grids[0][1::3] for b in grids[1][1::3]]
+    settings.append(calibrate_delta(conf, correct, cum_macs, 0.02, 8)[0])
+    for thresholds in settings:
+        out = run_cascade(tiny.with_thresholds(thresholds), x)
+        accuracy, mean_macs, counts = simulate_thresholds(conf, correct, cum_macs, thresholds)
+        assert np.array_equal(exit_indices(conf, thresholds), out.exit_index.numpy())
+        assert accuracy == pytest.approx(float((out.pred == labels).double().mean()))
+        assert mean_macs == pytest.approx(float(out.macs.double().mean()))
+        assert counts.tolist() == torch.bincount(out.exit_index, minlength=3).tolist()

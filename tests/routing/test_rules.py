@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipeline.routing.rules import exit_mask, predictor_labels, route_groups
+
+
+def test_exit_mask_is_conf_at_least_threshold() -> None:
+    conf = torch.tensor([0.2, 0.5, 0.9, 0.5])
+    assert exit_mask(conf, 0.5).tolist() == [False, True, True, True]
+    assert exit_mask(conf, float("-inf")).all()  # how the engine's last module would read
+    assert not exit_mask(conf, 1.01).any()  # "never exit"
+    assert exit_mask(conf, 0.0).all()
+
+
+def test_exit_mask_rejects_a_matrix() -> None:
+    with pytest.raises(ValueError, match=r"\(B,\)"):
+        exit_mask(torch.zeros(2, 3), 0.5)
+
+
+def test_route_groups_partitions_rows_in_candidate_order() -> None:
+    choices = torch.tensor([2, 0, 2, 1, 0, 2])
+    groups = route_groups(choices)
+    assert [c for c, _ in groups] == [0, 1, 2]
+    assert [rows.tolist() for _, rows in groups] == [[1, 4], [3], [0, 2, 5]]
+    assert all(rows.dtype == torch.long for _, rows in groups)
+
+
+def test_route_groups_skips_unchosen_candidates_and_empty_input() -> None:
+    assert [c for c, _ in route_groups(torch.tensor([3, 3, 1]))] == [1, 3]
+    assert route_groups(torch.zeros(0, dtype=torch.long)) == []
+
+
+def test_route_groups_rejects_negative_choices() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        route_groups(torch.tensor([0, -1]))
+
+
+def test_predictor_labels_hand_case() -> None:
+    costs = [3.0, 1.0, 2.0, 1.0]
+    correct = torch.tensor(
+        [
+            [True, True, True, False],  # cheapest right: 1
+            [True, False, True, False],  # cheapest right: 2 (cost 2 < 3)
+            [False, False, False, False],  # none right: highest p_true -> 0
+            [False, True, False, True],  # tie on cost 1: lower index 1
+            [True, False, False, False],  # only the dearest is right: 0
+        ]
+    )
+    p_true = torch.tensor(
+        [
+            [0.1, 0.2, 0.3, 0.4],
+            [0.9, 0.1, 0.1, 0.9],
+            [0.5, 0.2, 0.1, 0.3],
+            [0.0, 0.0, 0.0, 0.9],
+            [0.1, 0.2, 0.9, 0.9],
+        ]
+    )
+    assert predictor_labels(correct, p_true, costs).tolist() == [1, 2, 0, 1, 0]
+
+
+def test_predictor_labels_rejects_mismatched_inputs() -> None:
+    with pytest.raises(ValueError, match="costs"):
+        predictor_labels(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3), [1.0, 2.0])
+    with pytest.raises(ValueError, match="one shape"):
+        predictor_labels(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 2), [1.0, 2.0, 3.0])

@@ -1,0 +1,251 @@
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.models.cascade import CascadeSpec, build_modules, feature_shapes
+from pipeline.models.cost import fixed_macs, op_mac_table, path_macs
+from pipeline.models.modules import NO_ARCH, ModuleSpec
+from pipeline.search.probmodel import ProbModel
+from pipeline.train.data import ImageBatches, random_crop
+from pipeline.train.loop import (
+    Prefix,
+    TrainConfig,
+    evaluate_path,
+    learning_rate,
+    load_checkpoint,
+    load_module_state,
+    module_outputs,
+    save_checkpoint,
+    train_module,
+)
+
+SPEC = CascadeSpec(
+    in_channels=1,
+    num_classes=4,
+    image_size=12,
+    modules=(
+        ModuleSpec("fixed", 8, stride=1, layers=1),
+        ModuleSpec("supernet", 12, stride=2, layers=2, ops=("conv3", "dw3", "ir3_e3", "skip"),
+                   default_op="conv3"),
+    ),
+)
+MEAN, STD = (0.2,), (0.3,)
+
+
+def pattern_data(n: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Noise plus one texture per class: horizontal stripes, vertical stripes, checkerboard, flat.
+
+    Textures, not positions: exit heads average-pool, and flips and crops keep every class intact.
+    """
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 4, size=n)
+    r, c = np.indices((12, 12))
+    textures = np.stack([(r // 2) % 2, (c // 2) % 2, ((r // 2) + (c // 2)) % 2, np.full((12, 12), 0.5)])
+    noise = rng.integers(0, 80, size=(n, 1, 12, 12))
+    images = (noise + 150 * textures[labels][:, None]).astype(np.uint8)  # (N, 1, 12, 12)
+    return images, labels
+
+
+def cfg(**kw: object) -> TrainConfig:
+    base = dict(epochs=2, batch_size=32, lr=0.05, schedule="cosine", crop_padding=1, flip=True,
+                lam=0.5, mu=0.5, seed=3, sampler="probmodel", m=4)
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def costs(modules: torch.nn.ModuleList, k: int):  # noqa: ANN201 - (cost_of, cost_max)
+    shape = feature_shapes(SPEC)[k]
+    module = modules[k]
+    table, fixed = op_mac_table(module, shape), fixed_macs(module, shape)
+    if not table:
+        return (lambda arch: float(fixed)), float(fixed)
+    cost_max = fixed + sum(max(ops.values()) for ops in table.values())
+    return (lambda arch: float(path_macs(table, fixed, arch))), float(cost_max)
+
+
+def train(k: int, config: TrainConfig, modules: torch.nn.ModuleList | None = None, prefix_epochs: int = 0):
+    """Build the cascade (seed 0); optionally train module 1 first; then train module k."""
+    modules = build_modules(SPEC, seed=0) if modules is None else modules
+    images, labels = pattern_data()
+    stages = tuple((modules[j], NO_ARCH) for j in range(k))
+    prefix = Prefix(stages, MEAN, STD)
+    cost_of, cost_max = costs(modules, k)
+    result = train_module(modules[k], prefix, images, labels, config, cost_of=cost_of, cost_max=cost_max,
+                          exit_saving=0.5, progress=False)
+    return modules, prefix, result
+
+
+def state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_fixed_module_training_reduces_loss_and_learns() -> None:
+    modules, prefix, result = train(0, cfg(epochs=4, lr=0.1))
+    losses = [h["loss"] for h in result.history]
+    assert losses[-1] < losses[0]
+    assert result.prob_model is None and result.iterations == []
+    images, labels = pattern_data(100, seed=1)
+    metrics = evaluate_path(modules[0], prefix, images, labels, NO_ARCH, batch_size=64)
+    assert metrics["acc"] > 0.6
+    assert set(metrics) >= {"acc", "ce", "conf_mean"}
+    for key in ("loss", "ce", "train_acc", "lr", "seconds", "images_per_s"):
+        assert math.isfinite(result.history[-1][key])
+
+
+def test_same_config_gives_bitwise_identical_weights() -> None:
+    a, _, ra = train(1, cfg())
+    b, _, rb = train(1, cfg())
+    assert_bitwise_equal(state(a[1]), state(b[1]))
+    assert [i["most_likely"] for i in ra.iterations] == [i["most_likely"] for i in rb.iterations]
+    c, _, _ = train(1, cfg(seed=4))
+    assert not torch.equal(state(a[1])["head.fc.weight"], state(c[1])["head.fc.weight"])
+
+
+def test_prefix_is_bitwise_unchanged_by_training_the_next_module() -> None:
+    modules, _, _ = train(0, cfg(epochs=1))
+    modules[0].train()  # as a careless caller might leave it: the prefix must still not move BN stats
+    before = state(modules[0])
+    train(1, cfg(epochs=1), modules)
+    assert_bitwise_equal(before, state(modules[0]))
+    assert all(not p.requires_grad for p in modules[0].parameters())
+    assert any(key.endswith("num_batches_tracked") for key in before)
+
+
+def test_probmodel_sampler_records_finite_mi_and_moving_entropy() -> None:
+    _, _, result = train(1, cfg(beta=0.01))
+    its = result.iterations
+    assert len(its) == 2 * (200 // 32)
+    assert math.isnan(its[0]["mi"])  # P(0) uniform: MI undefined, term skipped
+    assert all(math.isfinite(i["mi"]) for i in its[1:])
+    entropies = [i["entropy"] for i in its]
+    assert entropies[0] < math.log(4**2) + 1e-9
+    assert len(set(entropies)) > 1
+    assert all(isinstance(v, (float, int, str)) for i in its for v in i.values())
+    assert isinstance(result.prob_model, ProbModel) and not result.prob_model.is_uniform()
+    last = result.history[-1]
+    assert {"entropy", "mi", "best_perf", "mean_perf", "most_likely"} <= set(last)
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "probmodel"])
+@pytest.mark.parametrize("entropy_selection", [True, False])
+def test_both_samplers_run(sampler: str, entropy_selection: bool) -> None:
+    modules, prefix, result = train(1, cfg(epochs=1, sampler=sampler, entropy_selection=entropy_selection,
+                                           label_smoothing=0.1, schedule="step", warmup_epochs=0.5))
+    assert len(result.history) == 1 and math.isfinite(result.history[0]["loss"])
+    if sampler == "uniform":
+        assert result.prob_model is None and result.iterations == []
+        assert result.history[0]["entropy"] == pytest.approx(math.log(16))
+    images, _ = pattern_data(10)
+    logits, feats = module_outputs(modules[1], prefix, images, modules[1].default_arch(), 4, features=True)
+    assert logits.shape == (10, 4) and feats is not None and feats.shape == (10, 12, 6, 6)
+    assert module_outputs(modules[1], prefix, images, modules[1].default_arch(), 4)[1] is None
+
+
+def test_on_epoch_sees_every_epoch_and_checkpoints_round_trip(tmp_path) -> None:  # noqa: ANN001
+    modules = build_modules(SPEC, seed=0)
+    images, labels = pattern_data()
+    cost_of, cost_max = costs(modules, 1)
+    seen = []
+
+    def on_epoch(epoch, record, module, model) -> None:  # noqa: ANN001
+        seen.append(epoch)
+        save_checkpoint(tmp_path / "ckpt.pt", module, None, epoch, model)
+
+    train_module(modules[1], Prefix(((modules[0], NO_ARCH),), MEAN, STD), images, labels, cfg(),
+                 cost_of=cost_of, cost_max=cost_max, exit_saving=0.5, on_epoch=on_epoch, progress=False)
+    assert seen == [1, 2]
+    fresh = build_modules(SPEC, seed=1)[1]
+    fresh.load_state_dict(load_module_state(tmp_path / "ckpt.pt"))
+    assert_bitwise_equal(state(modules[1]), state(fresh))
+    ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["epoch"] == 2
+    ProbModel.from_dict(modules[1].space, ckpt["prob_model"])
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary left behind
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("epochs", 0), ("batch_size", -1), ("lr", 0.0), ("momentum", 1.0), ("schedule", "linear"),
+     ("warmup_epochs", 5), ("crop_padding", -1), ("flip", 1), ("lam", -0.1), ("sampler", "random"),
+     ("m", 64), ("pool_factor", 0), ("temperature", 0.0), ("step", 0.0), ("beta", -1.0),
+     ("mi_eps", 0.0), ("lambda_c", float("nan")), ("label_smoothing", 1.0), ("seed", 1.5)],
+)
+def test_bad_config_names_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"TrainConfig\.{field}\b"):
+        cfg(**{field: value})
+
+
+def test_config_from_dict_rejects_unknown_keys() -> None:
+    good = dataclasses.asdict(cfg())
+    assert TrainConfig.from_dict(good) == cfg()
+    with pytest.raises(ValueError, match="lr_max"):
+        TrainConfig.from_dict({**good, "lr_max": 1.0})
+
+
+def test_learning_rate_schedules() -> None:
+    c = cfg(epochs=4, lr=1.0, warmup_epochs=1)
+    assert learning_rate(c, 0, 10) == pytest.approx(0.1)
+    assert learning_rate(c, 9, 10) == pytest.approx(1.0)
+    assert learning_rate(c, 10, 10) == pytest.approx(1.0)
+    assert learning_rate(c, 39, 10) < 0.01
+    step = dataclasses.replace(c, schedule="step", warmup_epochs=0)
+    assert [learning_rate(step, i, 10) for i in (0, 19, 20, 30)] == pytest.approx([1.0, 1.0, 0.1, 0.01])
+
+
+def test_augmentation_is_deterministic_given_seed() -> None:
+    images, labels = pattern_data(50)
+
+    def epoch(seed: int, e: int) -> list[torch.Tensor]:
+        data = ImageBatches(images, labels, 16, mean=MEAN, std=STD, shuffle=True, crop_padding=2, flip=True,
+                            seed=seed)
+        return [x for x, _ in data.epoch(e)]
+
+    a, b = epoch(0, 1), epoch(0, 1)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(epoch(0, 2)[0], a[0])
+    assert not torch.equal(epoch(1, 1)[0], a[0])
+
+
+def test_plain_batches_are_normalised_images_in_order() -> None:
+    images, labels = pattern_data(10)
+    batches = list(ImageBatches(images, labels, 4, mean=MEAN, std=STD))
+    assert [len(y) for _, y in batches] == [4, 4, 2]
+    x = torch.cat([x for x, _ in batches])  # (10, 1, 12, 12)
+    expected = (torch.from_numpy(images).float() / 255 - MEAN[0]) / STD[0]
+    assert torch.allclose(x, expected)
+    assert torch.equal(torch.cat([y for _, y in batches]), torch.from_numpy(labels))
+    assert len(ImageBatches(images, labels, 4, drop_last=True)) == 2
+    assert len(ImageBatches(images, labels, 16, drop_last=True)) == 1  # the only batch is kept
+
+
+def test_random_crop_shifts_with_zero_border() -> None:
+    x = torch.arange(1, 17, dtype=torch.uint8).reshape(1, 1, 4, 4).repeat(64, 1, 1, 1)  # (64, 1, 4, 4)
+    out = random_crop(x, 1, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    for img in out:
+        # every crop is the padded image at some offset in [0, 2]^2
+        padded = torch.nn.functional.pad(x[0], (1, 1, 1, 1))
+        assert any(torch.equal(img, padded[:, dy:dy + 4, dx:dx + 4]) for dy in range(3) for dx in range(3))
+    assert len({tuple(img.flatten().tolist()) for img in out}) > 1
+
+
+def test_training_a_frozen_or_prefix_module_is_refused() -> None:
+    modules = build_modules(SPEC, seed=0)
+    images, labels = pattern_data(40)
+    prefix = Prefix(((modules[0], NO_ARCH),), MEAN, STD)
+    frozen = build_modules(SPEC, seed=0)[0].requires_grad_(False)
+    for module, match in ((modules[0], "prefix"), (frozen, "trainable")):
+        with pytest.raises(ValueError, match=match):
+            train_module(module, prefix, images, labels, cfg(), cost_of=lambda a: 1.0, cost_max=1.0,
+                         exit_saving=0.5, progress=False)
