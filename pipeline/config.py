@@ -174,3 +174,56 @@ class TrackingConfig:
     def from_params(cls, params: Mapping[str, Any]) -> TrackingConfig:
         s = params.get("tracking") or {}
         return cls(experiment=_get(s, "experiment", "tracking", str, "cascade"))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The cascade's modules ``m1..mK`` (their ``spec``) and how confidence is read off an exit."""
+
+    names: tuple[str, ...]
+    specs: tuple[Any, ...]  # ModuleSpec, one per module, in order
+    confidence: str
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ModelConfig:
+        from pipeline.models.modules import ModuleSpec
+
+        mods = section(params, "modules")
+        names = tuple(mods)
+        expected = tuple(f"m{k}" for k in range(1, len(names) + 1))
+        _check(names == expected, "modules", f"must be named m1..mK in order, got {list(names)}")
+        specs = []
+        for name in names:
+            raw = mods[name]
+            _check(isinstance(raw, Mapping) and isinstance(raw.get("spec"), Mapping), f"modules.{name}.spec",
+                   "is missing or not a mapping")
+            try:
+                specs.append(ModuleSpec.from_dict(raw["spec"]))
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"params: modules.{name}.spec: {exc}") from None
+        confidence = _get(params.get("model") or {}, "confidence", "model", str, "maxprob")
+        _check(confidence in ("maxprob", "margin"), "model.confidence", f"must be maxprob or margin, got {confidence!r}")
+        return cls(names, tuple(specs), confidence)
+
+    def cascade_spec(self, in_channels: int, num_classes: int, image_size: int) -> Any:
+        from pipeline.models.cascade import CascadeSpec
+
+        return CascadeSpec(in_channels, num_classes, image_size, self.specs)
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    repeats: int
+    batch_sizes: tuple[int, ...]
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ProfileConfig:
+        s = params.get("profile") or {}
+        cfg = cls(repeats=_get(s, "repeats", "profile", int, 20),
+                  batch_sizes=tuple(_get(s, "batch_sizes", "profile", list, [1, 64])),
+                  seed=_get(params, "seed", "(top level)", int, 0))
+        _check(cfg.repeats >= 1, "profile.repeats", "must be at least 1")
+        _check(all(isinstance(b, int) and b >= 1 for b in cfg.batch_sizes) and 1 in cfg.batch_sizes,
+               "profile.batch_sizes", f"must be positive ints including 1, got {list(cfg.batch_sizes)}")
+        return cfg

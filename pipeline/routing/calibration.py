@@ -85,8 +85,8 @@ def threshold_grid(conf: Any, size: int = 50) -> list[np.ndarray]:
 
 
 def _grids(conf: np.ndarray, grid: int | Sequence[Sequence[float]]) -> list[np.ndarray]:
-    if isinstance(grid, int):
-        return threshold_grid(conf, grid)
+    if isinstance(grid, (int, np.integer)):
+        return threshold_grid(conf, int(grid))
     grids = [np.asarray(g, dtype=np.float64) for g in grid]
     if len(grids) != conf.shape[1] - 1 or any(g.ndim != 1 or g.size == 0 for g in grids):
         raise ValueError(f"grid needs {conf.shape[1] - 1} non-empty lists of thresholds, got {len(grids)}")

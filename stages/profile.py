@@ -1,0 +1,47 @@
+"""Measure the cost model of the cascade on this machine: MACs of every (layer, op) of every module,
+and a latency lookup table (median ms at batch 1 and 64). DVC caches it so later runs reuse it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tqdm import tqdm
+
+from pipeline.config import ModelConfig, ProfileConfig, TrackingConfig
+from pipeline.io import read_json, write_json
+from pipeline.models.profile import CostModel, profile_cascade
+from pipeline.tracking import stage_run
+from stages.common import cli, params_of, parser
+
+
+@cli
+def main(argv: list[str] | None = None) -> None:
+    p = parser("profile", __doc__)
+    p.add_argument("--data", type=Path, required=True, help="directory written by ingest (for shapes and classes)")
+    p.add_argument("--out", type=Path, required=True, help="cost model JSON")
+    args = p.parse_args(argv)
+    params = params_of(args)
+    model, cfg = ModelConfig.from_params(params), ProfileConfig.from_params(params)
+    meta = read_json(args.data / "meta.json")
+    channels, size = meta["image_shape"][0], meta["image_shape"][1]
+    spec = model.cascade_spec(channels, len(meta["classes"]), size)
+    with stage_run("profile", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
+                   params={"modules": params["modules"], "profile": params.get("profile", {})}) as run:
+        with tqdm(total=len(spec.modules), desc="profile modules", unit="module") as bar:
+            table = profile_cascade(spec, seed=cfg.seed, repeats=cfg.repeats, batch_sizes=cfg.batch_sizes,
+                                    progress=bar)
+        write_json(args.out, table)
+        costs = CostModel(table)
+        for k in range(1, costs.n_modules + 1):
+            arch = costs.default_arch(k)
+            line = {f"m{k}_min_macs": costs.min_macs(k), f"m{k}_max_macs": costs.max_macs(k),
+                    f"m{k}_default_macs": costs.macs(k, arch), f"m{k}_default_ms_b1": costs.latency_ms(k, arch, 1)}
+            run.log_metrics(line)
+            print(f"profile m{k}: MACs {costs.min_macs(k):,}..{costs.max_macs(k):,} (default {costs.macs(k, arch):,}),"
+                  f" default path {costs.latency_ms(k, arch, 1):.3f} ms at batch 1")
+        run.log_artifact(args.out)
+
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
