@@ -256,3 +256,18 @@ def run_all_exits(
             for i in range(0, max(images.shape[0], 1), step)
         ]
     return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+
+
+class RoutedModule(nn.Module):
+    """A stage as a plain module ``forward(x, arch=None) -> (features, logits)`` with its per-image
+    routing inside: how the next module's training prefix sees a predictor-routed supernet."""
+
+    def __init__(self, stage: Stage) -> None:
+        super().__init__()
+        self.stage = stage
+        self.inner = stage.module  # registered, so .eval() / .requires_grad_() reach it
+        self.predictor = stage.predictor
+
+    def forward(self, x: torch.Tensor, arch: Arch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        features, logits, _ = _run_stage(self.stage, x)
+        return features, logits

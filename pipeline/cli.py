@@ -1,0 +1,196 @@
+"""The ``cascade`` command: recognise image files with a saved cascade, or describe one.
+
+A thin shell over :mod:`pipeline.routing.package`: argument parsing, model resolution, printing.
+Exit status: 0 all answered, 1 some file could not be read (the others are still answered),
+2 the model (or the command line) is unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:  # torch is imported only when a command runs, so --help stays instant
+    from pipeline.routing.package import LoadedCascade
+
+DEFAULT_MODEL = "models/cascade"
+MODEL_URI_PREFIX = "models:/"
+_URI_FORMS = (
+    re.compile(r"^models:/(?P<name>[^/@]+)@(?P<alias>[^/@]+)$"),
+    re.compile(r"^models:/(?P<name>[^/@]+)/(?P<version>[0-9]+)$"),
+)
+
+
+class RegistryUnavailable(RuntimeError):
+    """``pipeline.registry`` (and with it MLflow model download) cannot be imported."""
+
+
+def resolve_model_uri(uri: str) -> Path:
+    """A ``--model`` value as a local model directory.
+
+    A plain path is returned as is; ``models:/<name>@<alias>`` or ``models:/<name>/<version>`` is
+    downloaded through ``pipeline.registry.download_cascade(uri) -> Path`` (imported lazily, so the
+    CLI works without the registry's dependencies when given a directory).
+    """
+    if not uri.startswith(MODEL_URI_PREFIX):
+        return Path(uri)
+    if not any(form.match(uri) for form in _URI_FORMS):
+        raise ValueError(f"model URI {uri!r} must be models:/<name>@<alias> or models:/<name>/<version>")
+    try:
+        from pipeline.registry import download_cascade
+    except ImportError as exc:
+        raise RegistryUnavailable(f"registry support not available ({exc})") from exc
+    return Path(download_cascade(uri))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cascade", description="Early-exit cascade image classifier.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    model_help = (
+        f"model directory, or models:/<name>@<alias> or models:/<name>/<version> (default {DEFAULT_MODEL})"
+    )
+
+    rec = sub.add_parser("recognize", help="classify PNG/JPEG files (folders are searched recursively)")
+    rec.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders")
+    rec.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    rec.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    rec.add_argument("--batch-size", type=_positive_int, default=256, help="images per forward pass")
+    rec.set_defaults(func=_cmd_recognize)
+
+    info = sub.add_parser("info", help="describe a saved cascade")
+    info.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+    info.set_defaults(func=_cmd_info)
+    return parser
+
+
+def _error(message: str, stream: TextIO | None = None) -> None:
+    print(f"error: {message}", file=stream or sys.stderr)
+
+
+def _open_model(model: str) -> LoadedCascade | None:
+    """The loaded cascade, or None after printing why it cannot be used."""
+    from pipeline.routing.package import load_cascade
+
+    try:
+        directory = resolve_model_uri(model)
+    except RegistryUnavailable:
+        _error("registry support not available")
+        return None
+    except ValueError as exc:
+        _error(str(exc))
+        return None
+    except Exception as exc:  # whatever the registry backend raises (unknown model, no server, ...)
+        _error(f"cannot fetch model {model}: {exc}")
+        return None
+    try:
+        return load_cascade(directory)
+    except ValueError as exc:
+        _error(f"cannot load model {model}: {exc}")
+        return None
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in pairs]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def _cmd_recognize(args: argparse.Namespace) -> int:
+    from pipeline.routing.package import collect_image_paths, format_subnets, recognize_files
+
+    loaded = _open_model(args.model)
+    if loaded is None:
+        return 2
+    files, errors = collect_image_paths(args.paths)
+    rows, decode_errors = recognize_files(loaded, files, batch_size=args.batch_size)
+    errors += decode_errors
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif rows:
+        cells = [
+            [r["path"], r["class_name"], f"{r['confidence']:.3f}", str(r["exit"]),
+             format_subnets(r["subnets"]), f"{r['macs']:,}"]
+            for r in rows
+        ]
+        print(_table(["path", "class", "confidence", "exit", "subnets", "MACs"], cells, right={2, 3, 5}))
+    for err in errors:
+        _error(f"{err['path']}: {err['error']}")
+    return 1 if errors else 0
+
+
+def _flatten(info: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """Nested ``meta.info`` as dotted ``key: value`` lines (lists and scalars as JSON)."""
+    if isinstance(info, dict) and info:
+        out = []
+        for key, value in info.items():
+            out += _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    return [(prefix, info if isinstance(info, str) else json.dumps(info, default=str))]
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "x".join(str(v) for v in shape)
+
+
+def _info_text(summary: dict[str, Any], model: str) -> str:
+    lines = [
+        f"model: {model}",
+        f"input: {_shape(summary['image_shape'])} uint8, normalised x/255 then (x - {summary['mean']}) / "
+        f"{summary['std']}; confidence: {summary['confidence_kind']}",
+        f"classes ({len(summary['classes'])}): {', '.join(summary['classes'])}",
+    ]
+    for m in summary["modules"]:
+        threshold = "last exit (always answers)" if m["threshold"] is None else f"{m['threshold']:g}"
+        ops = f" ops {', '.join(m['ops'])}" if m["ops"] else ""
+        lines.append(
+            f"module {m['index']}: {m['kind']}{ops}; {m['channels']} channels, stride {m['stride']}, "
+            f"{m['layers']} layer(s), input {_shape(m['input_shape'])}; threshold {threshold}"
+        )
+        routing = "per-image predictor" if m["routing"] == "predictor" else "static"
+        lines.append(f"  routing: {routing}, predictor MACs {m['predictor_macs']:,}")
+        for r, cand in enumerate(m["candidates"], start=1):
+            lines.append(f"  candidate {r}: {cand['subnet'] or 'fixed'}  MACs {cand['macs']:,}")
+    figures = _flatten(summary["info"]) if summary["info"] else []
+    if figures:
+        lines.append("info:")
+        lines += [f"  {key}: {value}" for key, value in figures]
+    return "\n".join(lines)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from pipeline.routing.package import describe_cascade
+
+    loaded = _open_model(args.model)
+    if loaded is None:
+        return 2
+    summary = describe_cascade(loaded)
+    print(json.dumps(summary, indent=2, default=str) if args.json else _info_text(summary, args.model))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cascade`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""The on-disk format of a deployable cascade (a "model directory"), in one place.
+
+A model directory holds ``cascade.json`` (format version, input format and classes, and per module
+its spec, candidates, costs, threshold and predictor config) plus ``module_{k}.pt`` and, where a
+module routes per image, ``predictor_{k}.pt`` state dicts (k is 1-based). Modules are rebuilt from
+their spec with ``build_module`` and weights are read with ``torch.load(weights_only=True)``, so
+loading never runs pickled code. The CLI, the MLflow pyfunc wrapper and the REST server all read
+models through :func:`load_cascade` and answer through :func:`recognize_arrays`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.data.sources import IMAGE_SUFFIXES, DataError, decode_image_file
+from pipeline.io import atomic_path, file_sha256, write_json
+from pipeline.models.modules import CONFIDENCE_KINDS, FixedModule, ModuleSpec, SupernetModule, build_module
+from pipeline.routing.engine import Stage, run_cascade
+from pipeline.routing.predictor import Predictor
+from pipeline.search.space import Arch
+
+FORMAT = "early-exit-cascade"
+FORMAT_VERSION = 1
+MANIFEST = "cascade.json"
+NOT_REACHED = "-"
+
+
+@dataclass(frozen=True)
+class CascadeMeta:
+    """What a caller needs besides the weights: input format, normalisation, classes, provenance.
+
+    Normalisation is ``x / 255`` then ``(x - mean) / std`` per channel. ``info`` is free-form and
+    JSON-serialisable (metrics, params, lineage); it is shown by ``cascade info`` but never read.
+    """
+
+    classes: tuple[str, ...]
+    image_shape: tuple[int, int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    confidence_kind: str = "maxprob"
+    num_classes: int = 0  # 0: take len(classes)
+    info: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+        object.__setattr__(self, "image_shape", tuple(self.image_shape))
+        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
+        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        if self.num_classes == 0:
+            object.__setattr__(self, "num_classes", len(self.classes))
+        _check_meta(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "classes": list(self.classes),
+            "image_shape": list(self.image_shape),
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "confidence_kind": self.confidence_kind,
+            "num_classes": self.num_classes,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CascadeMeta:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"CascadeMeta: unknown keys {unknown}")
+        return cls(**d)
+
+
+def _check_meta(meta: CascadeMeta) -> None:
+    shape = meta.image_shape
+    if len(shape) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
+        raise ValueError(f"CascadeMeta.image_shape must be (C, H, W) ints >= 1, got {shape!r}")
+    if meta.num_classes != len(meta.classes) or meta.num_classes < 2:
+        raise ValueError(
+            f"CascadeMeta: num_classes {meta.num_classes} must equal the number of classes "
+            f"({len(meta.classes)}) and be >= 2"
+        )
+    channels = shape[0]
+    if len(meta.mean) != channels or len(meta.std) != channels:
+        raise ValueError(
+            f"CascadeMeta: mean and std need one value per channel ({channels}), "
+            f"got {len(meta.mean)} and {len(meta.std)}"
+        )
+    if not all(math.isfinite(s) and s > 0 for s in meta.std) or not all(math.isfinite(m) for m in meta.mean):
+        raise ValueError(f"CascadeMeta: mean must be finite, std finite and > 0; got {meta.mean}, {meta.std}")
+    if meta.confidence_kind not in CONFIDENCE_KINDS:
+        kind = meta.confidence_kind
+        raise ValueError(f"CascadeMeta.confidence_kind must be one of {CONFIDENCE_KINDS}, got {kind!r}")
+    if not isinstance(meta.info, dict):
+        raise ValueError(f"CascadeMeta.info must be a dict, got {type(meta.info).__name__}")
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedCascade:
+    """A cascade read from a model directory, ready for ``run_cascade`` (modules in eval mode)."""
+
+    stages: list[Stage]
+    meta: CascadeMeta
+
+
+# ---------------------------------------------------------------------------------------------- save
+
+
+def input_shapes(specs: Sequence[ModuleSpec], image_shape: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(C, H, W) entering each module, from the image shape and the specs."""
+    shapes = [tuple(image_shape)]
+    for spec in specs[:-1]:
+        shapes.append(spec.output_shape(shapes[-1]))
+    return [(int(c), int(h), int(w)) for c, h, w in shapes]
+
+
+def _predictor_config(predictor: Predictor | None) -> dict[str, int] | None:
+    if predictor is None:
+        return None
+    return {
+        "in_channels": predictor.in_channels,
+        "num_candidates": predictor.num_candidates,
+        "hidden": predictor.hidden,
+        "pool": predictor.pool_size,
+    }
+
+
+def _check_chain(specs: Sequence[ModuleSpec], in_channels: Sequence[int], num_classes: Sequence[int],
+                 meta: CascadeMeta) -> None:
+    """Each module must take the previous one's channels and answer over the meta's classes."""
+    expected = meta.image_shape[0]
+    for k, (spec, c_in, n) in enumerate(zip(specs, in_channels, num_classes, strict=True), start=1):
+        if c_in != expected:
+            raise ValueError(f"module {k} takes {c_in} input channels, but receives {expected}")
+        if n != meta.num_classes:
+            raise ValueError(f"module {k} answers over {n} classes, but the meta lists {meta.num_classes}")
+        expected = spec.channels
+
+
+def _module_entry(k: int, stage: Stage, shape: tuple[int, int, int]) -> dict[str, Any]:
+    return {
+        "index": k,
+        "spec": dataclasses.asdict(stage.module.spec),
+        "in_channels": stage.module.in_channels,
+        "input_shape": list(shape),
+        "candidates": [arch.key() for arch in stage.candidates],
+        "candidate_macs": [int(m) for m in stage.candidate_macs],
+        "threshold": float(stage.threshold),
+        "predictor": _predictor_config(stage.predictor),
+        "predictor_macs": int(stage.predictor_macs),
+        "weights": f"module_{k}.pt",
+        "predictor_weights": None if stage.predictor is None else f"predictor_{k}.pt",
+    }
+
+
+def _state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
+    """Plain CPU tensors, so the files load on any machine with ``weights_only=True``."""
+    return {name: t.detach().cpu().clone() for name, t in net.state_dict().items()}
+
+
+def save_cascade(directory: str | os.PathLike[str], stages: Sequence[Stage], meta: CascadeMeta) -> Path:
+    """Write a model directory atomically: a reader sees the old directory or the whole new one.
+
+    Modules must be ``FixedModule`` or ``SupernetModule`` (rebuilt from their spec on load); an
+    exported ``Subnet`` has no spec to rebuild from.
+    """
+    if not stages:
+        raise ValueError("save_cascade needs at least one stage")
+    for k, stage in enumerate(stages, start=1):
+        if not isinstance(stage.module, FixedModule | SupernetModule):
+            kind = type(stage.module).__name__
+            raise ValueError(f"save_cascade: module {k} is a {kind}; only Fixed/SupernetModule can be saved")
+    specs = [s.module.spec for s in stages]
+    _check_chain(specs, [s.module.in_channels for s in stages], [s.module.num_classes for s in stages], meta)
+    shapes = input_shapes(specs, meta.image_shape)
+    entries = [_module_entry(k, s, shape) for k, (s, shape) in enumerate(zip(stages, shapes, strict=True), 1)]
+    final = Path(directory)
+    with atomic_path(final, is_dir=True) as tmp:
+        for entry, stage in zip(entries, stages, strict=True):
+            torch.save(_state_dict(stage.module), tmp / entry["weights"])
+            if stage.predictor is not None:
+                torch.save(_state_dict(stage.predictor), tmp / entry["predictor_weights"])
+        files = {p.name: file_sha256(p) for p in sorted(tmp.glob("*.pt"))}
+        manifest = {"format": FORMAT, "version": FORMAT_VERSION, "meta": meta.to_dict(),
+                    "modules": entries, "sha256": files}
+        write_json(tmp / MANIFEST, manifest)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+def _read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise ValueError(f"model directory {directory} does not exist (or is not a directory)")
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: {directory} is not a cascade model directory")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path} is unreadable or not valid JSON: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a cascade manifest (format {FORMAT!r} expected)")
+    if manifest.get("version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path} has format version {manifest.get('version')!r}; this code reads version {FORMAT_VERSION}"
+        )
+    if not isinstance(manifest.get("modules"), list) or not manifest["modules"]:
+        raise ValueError(f"{path} lists no modules")
+    return manifest
+
+
+def _load_state(path: Path, net: nn.Module, sha256: str | None, device: torch.device) -> None:
+    """Weights into ``net``; every way a file can be wrong becomes a ValueError naming it."""
+    if not path.is_file():
+        raise ValueError(f"weights file {path} is missing")
+    if sha256 is not None and file_sha256(path) != sha256:
+        raise ValueError(f"weights file {path} does not match its checksum in {MANIFEST} (corrupt?)")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, pickle.UnpicklingError, EOFError, ...
+        raise ValueError(f"weights file {path} cannot be read: {str(exc).splitlines()[0]}") from None
+    if not isinstance(state, Mapping):
+        raise ValueError(f"weights file {path} does not hold a state dict")
+    try:
+        net.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split())  # torch's message spans lines: missing/unexpected keys
+        raise ValueError(f"weights file {path} does not fit its module: {detail[:400]}") from None
+
+
+def _invalid(path: Path, k: object, exc: Exception) -> ValueError:
+    return ValueError(f"{path} is invalid at module {k}: {type(exc).__name__}: {exc}")
+
+
+def _construct(entry: Mapping[str, Any], meta: CascadeMeta, device: torch.device
+               ) -> tuple[nn.Module, tuple[Arch, ...], Predictor | None]:
+    """Module, candidates and predictor from one manifest entry, with fresh (unloaded) weights."""
+    spec_dict = dict(entry["spec"])
+    spec_dict["ops"] = tuple(spec_dict.get("ops", ()))
+    module = build_module(ModuleSpec(**spec_dict), int(entry["in_channels"]), meta.num_classes).to(device)
+    candidates = tuple(module.space.validate(Arch.from_key(key)) for key in entry["candidates"])
+    config = entry.get("predictor")
+    predictor = None if config is None else Predictor(**config).to(device)
+    return module, candidates, predictor
+
+
+def _build_stage(directory: Path, k: int, entry: Mapping[str, Any], meta: CascadeMeta,
+                 sha: Mapping[str, str], device: torch.device) -> Stage:
+    manifest = directory / MANIFEST
+    try:
+        module, candidates, predictor = _construct(entry, meta, device)
+        weights = str(entry.get("weights") or f"module_{k}.pt")
+        predictor_weights = str(entry.get("predictor_weights") or f"predictor_{k}.pt")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _invalid(manifest, k, exc) from None
+    _load_state(directory / weights, module, sha.get(weights), device)
+    module.eval()
+    if predictor is not None:
+        _load_state(directory / predictor_weights, predictor, sha.get(predictor_weights), device)
+        predictor.eval()
+    try:
+        return Stage(module, candidates, tuple(int(m) for m in entry["candidate_macs"]),
+                     float(entry["threshold"]), predictor, int(entry.get("predictor_macs", 0)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _invalid(manifest, k, exc) from None
+
+
+def load_cascade(directory: str | os.PathLike[str], device: str | torch.device = "cpu") -> LoadedCascade:
+    """Read a model directory written by :func:`save_cascade`; a bad one raises a ValueError naming
+    the offending file (never a KeyError or a half-built cascade)."""
+    directory = Path(directory)
+    manifest = _read_manifest(directory)
+    device = torch.device(device)
+    try:
+        meta = CascadeMeta.from_dict(manifest["meta"])
+        entries = manifest["modules"]
+        specs = [ModuleSpec.from_dict(e["spec"]) for e in entries]
+        _check_chain(specs, [int(e["in_channels"]) for e in entries], [meta.num_classes] * len(specs), meta)
+        sha = dict(manifest.get("sha256") or {})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{directory / MANIFEST} is invalid: {type(exc).__name__}: {exc}") from None
+    stages = [_build_stage(directory, k, e, meta, sha, device) for k, e in enumerate(entries, start=1)]
+    return LoadedCascade(stages, meta)
+
+
+# ------------------------------------------------------------------------------------------ recognise
+
+
+def preprocess(images_uint8: np.ndarray, meta: CascadeMeta) -> torch.Tensor:
+    """uint8 (N, C, H, W) -> float32 (N, C, H, W), normalised exactly as in training."""
+    images = np.asarray(images_uint8)
+    if images.dtype != np.uint8 or images.ndim != 4 or tuple(images.shape[1:]) != meta.image_shape:
+        raise ValueError(
+            f"images must be uint8 (N, {', '.join(map(str, meta.image_shape))}), "
+            f"got {images.dtype} {images.shape}"
+        )
+    x = torch.from_numpy(np.ascontiguousarray(images)).float() / 255.0  # (N, C, H, W)
+    mean = torch.tensor(meta.mean, dtype=torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
+    std = torch.tensor(meta.std, dtype=torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
+    return (x - mean) / std
+
+
+def _device_of(loaded: LoadedCascade) -> torch.device:
+    param = next(loaded.stages[0].module.parameters(), None)
+    return param.device if param is not None else torch.device("cpu")
+
+
+def recognize_arrays(
+    loaded: LoadedCascade, images_uint8: np.ndarray, batch_size: int = 256
+) -> list[dict[str, Any]]:
+    """One row per image: class, confidence, 1-based exit, chosen subnet per module, MACs spent."""
+    x = preprocess(images_uint8, loaded.meta).to(_device_of(loaded))
+    out = run_cascade(loaded.stages, x, confidence_kind=loaded.meta.confidence_kind, batch_size=batch_size)
+    keys = [[arch.key() for arch in stage.candidates] for stage in loaded.stages]
+    rows = []
+    columns = (out.pred, out.conf, out.exit_index, out.choices, out.macs)
+    for pred, conf, exit_k, choices, macs in zip(*(t.tolist() for t in columns), strict=True):
+        rows.append({
+            "class_index": int(pred),
+            "class_name": loaded.meta.classes[pred],
+            "confidence": float(conf),
+            "exit": int(exit_k) + 1,
+            "subnets": [NOT_REACHED if c < 0 else keys[k][c] for k, c in enumerate(choices)],
+            "macs": int(macs),
+        })
+    return rows
+
+
+def recognize_files(
+    loaded: LoadedCascade, paths: Iterable[str | os.PathLike[str]], batch_size: int = 256
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Rows (with ``path``) for the files that decode; ``{"path", "error"}`` for those that do not.
+
+    One bad file never stops the others. Files are decoded and run ``batch_size`` at a time, so a
+    large folder needs bounded memory.
+    """
+    c, h, w = loaded.meta.image_shape
+    if h != w:
+        raise ValueError(f"recognize_files needs square model input, the model takes {h}x{w}")
+    rows: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    pending: list[tuple[str, np.ndarray]] = []
+
+    def flush() -> None:
+        if pending:
+            batch = np.stack([image for _, image in pending])  # (n, C, H, W)
+            for (name, _), row in zip(pending, recognize_arrays(loaded, batch, batch_size), strict=True):
+                rows.append({"path": name, **row})
+            pending.clear()
+
+    for path in paths:
+        try:
+            pending.append((str(path), decode_image_file(path, c, h)))
+        except (DataError, OSError) as exc:
+            errors.append({"path": str(path), "error": str(exc)})
+        if len(pending) >= batch_size:
+            flush()
+    flush()
+    return rows, errors
+
+
+def collect_image_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[Path], list[dict[str, str]]]:
+    """Files as given, folders expanded (recursively, sorted) to their PNG/JPEG files.
+
+    A named file is kept whatever its suffix (decoding will say if it is not an image); a missing
+    path or a folder without images becomes an error entry, like an undecodable file.
+    """
+    files: list[Path] = []
+    errors: list[dict[str, str]] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                errors.append({"path": str(path), "error": "folder holds no PNG/JPEG images"})
+            files.extend(found)
+        elif path.exists():
+            files.append(path)
+        else:
+            errors.append({"path": str(path), "error": "no such file or folder"})
+    return files, errors
+
+
+# -------------------------------------------------------------------------------------------- describe
+
+
+def describe_cascade(loaded: LoadedCascade) -> dict[str, Any]:
+    """A JSON-able summary of the modules, their candidates and costs, thresholds and classes."""
+    stages, meta = loaded.stages, loaded.meta
+    shapes = input_shapes([s.module.spec for s in stages], meta.image_shape)
+    modules = []
+    for k, (stage, shape) in enumerate(zip(stages, shapes, strict=True), start=1):
+        spec = stage.module.spec
+        modules.append({
+            "index": k,
+            "kind": spec.kind,
+            "channels": spec.channels,
+            "stride": spec.stride,
+            "layers": spec.layers,
+            "ops": list(spec.ops),
+            "input_shape": list(shape),
+            "candidates": [
+                {"subnet": arch.key(), "macs": int(m)}
+                for arch, m in zip(stage.candidates, stage.candidate_macs, strict=True)
+            ],
+            "routing": "predictor" if stage.predictor is not None else "static",
+            "predictor_macs": int(stage.predictor_macs),
+            "threshold": None if k == len(stages) else float(stage.threshold),
+        })
+    return {
+        "image_shape": list(meta.image_shape),
+        "classes": list(meta.classes),
+        "mean": list(meta.mean),
+        "std": list(meta.std),
+        "confidence_kind": meta.confidence_kind,
+        "modules": modules,
+        "info": meta.info,
+    }
+
+
+def format_subnets(subnets: Sequence[str]) -> str:
+    """Human form of a row's ``subnets``: a fixed module's empty key reads ``fixed``."""
+    return " ; ".join(s if s else "fixed" for s in subnets)

@@ -1,0 +1,105 @@
+"""Fit one exit threshold per module but the last on the `calib` split: least average MACs with
+accuracy within `delta` of sending every image to the last exit (or, in budget mode, the best
+accuracy with average MACs at most the budget). Writes the deployable cascade (model directory)
+for the selected routing and, as the claim-8 baseline, for static calib-set selection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipeline.config import ConfigError, TrackingConfig, section
+from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.models.profile import CostModel
+from pipeline.routing.assemble import load_stages
+from pipeline.routing.calibration import calibrate_budget, calibrate_delta, simulate_thresholds
+from pipeline.routing.engine import Stage, run_all_exits
+from pipeline.routing.package import CascadeMeta, preprocess, save_cascade
+from pipeline.tracking import stage_run
+from stages.common import cli, params_of, parser
+
+
+def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]:
+    out = []
+    for k, stage in enumerate(stages):
+        t = thresholds[k] if k < len(thresholds) else float("inf")
+        out.append(Stage(stage.module, stage.candidates, stage.candidate_macs, t, stage.predictor,
+                         stage.predictor_macs))
+    return out
+
+
+def fit(stages: list[Stage], x: torch.Tensor, y: torch.Tensor, cfg: dict, kind: str) -> dict:
+    outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512)
+    conf, cum = outs["conf"].numpy(), outs["cum_macs"].numpy()
+    correct = (outs["pred"] == y[:, None]).numpy()
+    if cfg["mode"] == "budget":
+        thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]))
+    else:
+        thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]))
+    acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
+    return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
+            "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
+            "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep}
+
+
+@cli
+def main(argv: list[str] | None = None) -> None:
+    p = parser("calibrate", __doc__)
+    p.add_argument("--data", type=Path, required=True, help="directory written by ingest")
+    p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
+    p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
+    p.add_argument("--out", type=Path, required=True, help="model directory of the calibrated cascade")
+    p.add_argument("--out-testset", type=Path, required=True, help="model directory of the calib-set-selection baseline")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
+    p.add_argument("--plots", type=Path, required=True, help="plots directory (the threshold sweep)")
+    args = p.parse_args(argv)
+    params = params_of(args)
+    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, **section(params, "calibrate")}
+    if cfg["mode"] not in ("delta", "budget"):
+        raise ConfigError(f"params: calibrate.mode must be delta or budget, got {cfg['mode']!r}")
+    if cfg["mode"] == "budget" and not cfg["budget_macs"]:
+        raise ConfigError("params: calibrate.budget_macs is required in budget mode")
+    if not 0 <= float(cfg["delta"]) <= 1:
+        raise ConfigError(f"params: calibrate.delta must be a fraction in [0, 1], got {cfg['delta']}")
+    kind = (params.get("model") or {}).get("confidence", "maxprob")
+    costs = CostModel(read_json(args.profile))
+    meta = read_json(args.data / "meta.json")
+    calib = load_split(args.data, "calib")
+    results, packages = {}, {}
+    with stage_run("calibrate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
+                   params={"calibrate": cfg, "confidence": kind}) as run:
+        for routing, out in (("selected", args.out), ("testset", args.out_testset)):
+            stages, infos = load_stages(args.models, costs, routing=routing)
+            cmeta = CascadeMeta(classes=tuple(meta["classes"]), image_shape=tuple(meta["image_shape"]),
+                                mean=infos[0].mean, std=infos[0].std, confidence_kind=kind)
+            x, y = preprocess(calib.images, cmeta), torch.from_numpy(calib.labels)
+            res = fit(stages, x, y, cfg, kind)
+            results[routing] = res
+            info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
+                    "params": {"calibrate": cfg, "modules": params["modules"], "train": params["train"]}}
+            packages[routing] = (out, with_thresholds(stages, res["thresholds"]),
+                                 CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, kind, info=info))
+        for out, stages, cmeta in packages.values():
+            save_cascade(out, stages, cmeta)
+        metrics = {routing: {k: v for k, v in res.items() if k != "sweep"} for routing, res in results.items()}
+        write_json(args.metrics, metrics)
+        with atomic_path(args.plots, is_dir=True) as tmp:
+            rows = [{"routing": routing, "accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
+                     "feasible": r.get("feasible", True), "thresholds": " ".join(f"{t:.4f}" for t in r["thresholds"])}
+                    for routing, res in results.items() for r in res["sweep"]]
+            pd.DataFrame(rows).to_csv(tmp / "sweep.csv", index=False)
+        for routing, res in metrics.items():
+            run.log_metrics({f"{routing}_calib_accuracy": res["accuracy"], f"{routing}_calib_mean_macs": res["mean_macs"],
+                             f"{routing}_last_exit_accuracy": res["last_exit_accuracy"]})
+        run.log_artifact(args.metrics)
+    for routing, res in metrics.items():
+        print(f"calibrate ({routing}): thresholds {[round(t, 4) for t in res['thresholds']]} -> calib accuracy "
+              f"{res['accuracy']:.4f} (last exit {res['last_exit_accuracy']:.4f}) at {res['mean_macs']:,.0f} MACs "
+              f"(last exit {res['last_exit_mean_macs']:,.0f}); exits {res['exit_counts']}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

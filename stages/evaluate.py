@@ -1,0 +1,138 @@
+"""Evaluate the calibrated cascade on the test split (the only stage that reads it) against its
+baselines, in one run: each exit alone, the largest and the smallest static subnet without exits,
+the cascade with calib-set (claim 8) selection instead of predictors, and the oracle. Reports
+accuracy, average MACs, wall-clock latency at batch 1 and throughput at batch 256, exits per
+difficulty level, per-class accuracy and the confusion matrix; plots the budget and anytime curves."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipeline.config import TrackingConfig
+from pipeline.evaluation import all_exit_figures, budget_curve, cascade_summary, time_cascade
+from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.models.modules import SupernetModule
+from pipeline.models.profile import CostModel
+from pipeline.plots import anytime_plot, budget_plot, confusion_plot
+from pipeline.routing.engine import Stage, run_cascade
+from pipeline.routing.package import load_cascade, preprocess
+from pipeline.tracking import stage_run
+from stages.common import cli, params_of, parser
+
+
+def static_stages(stages: list[Stage], costs: CostModel, largest: bool) -> list[Stage]:
+    """Every supernet on its most (or least) expensive path, no predictor, no early exit."""
+    out = []
+    for k, stage in enumerate(stages, start=1):
+        if isinstance(stage.module, SupernetModule):
+            table = costs.table["modules"][k - 1]["op_macs"]
+            pick = max if largest else min
+            arch = stage.module.space.make({label: pick(ops, key=ops.get) for label, ops in table.items()})
+        else:
+            arch = stage.candidates[0]
+        out.append(Stage(stage.module, (arch,), (costs.macs(k, arch),), float("inf")))
+    return out
+
+
+def test_levels(grader_path: Path, scores_csv: Path, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Difficulty level of test images: the grading model's score, binned at the training levels' edges."""
+    with open(grader_path, "rb") as fh:
+        grader = pickle.load(fh)
+    proba = np.zeros((len(labels), int(labels.max()) + 1))
+    proba[:, grader.classes_] = grader.predict_proba(images)
+    scores = 1.0 - proba[np.arange(len(labels)), labels]
+    train = pd.read_csv(scores_csv)
+    edges = train.groupby("level")["score"].max().sort_index().to_numpy()[:-1]
+    return np.searchsorted(edges, scores, side="left") + 1
+
+
+@cli
+def main(argv: list[str] | None = None) -> None:
+    p = parser("evaluate", __doc__)
+    p.add_argument("--data", type=Path, required=True, help="directory written by ingest")
+    p.add_argument("--graded", type=Path, required=True, help="directory written by grade (grading model)")
+    p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
+    p.add_argument("--model", type=Path, required=True, help="calibrated cascade (model directory)")
+    p.add_argument("--model-testset", type=Path, required=True, help="calib-set-selection cascade")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
+    p.add_argument("--plots", type=Path, required=True, help="plots directory")
+    p.add_argument("--batch1-images", type=int, default=300, help="images timed one by one (default 300)")
+    args = p.parse_args(argv)
+    params = params_of(args)
+    costs = CostModel(read_json(args.profile))
+    test = load_split(args.data, "test")
+    main_model, testset_model = load_cascade(args.model), load_cascade(args.model_testset)
+    meta = main_model.meta
+    kind, n_classes = meta.confidence_kind, len(meta.classes)
+    x, y = preprocess(test.images, meta), test.labels
+    levels = test_levels(args.graded / "grader.pkl", args.graded / "scores.csv", test.images, y)
+    torch.set_grad_enabled(False)
+    with stage_run("evaluate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
+                   params={"model": str(args.model)}) as run:
+        results: dict = {}
+        cascade = cascade_summary(run_cascade(main_model.stages, x, confidence_kind=kind, batch_size=256), y,
+                                  n_classes, levels)
+        cascade["thresholds"] = [s.threshold for s in main_model.stages[:-1]]
+        results["cascade"] = cascade
+        results["cascade_testset"] = cascade_summary(
+            run_cascade(testset_model.stages, x, confidence_kind=kind, batch_size=256), y, n_classes, levels)
+        exits = all_exit_figures(main_model.stages, x, y, kind)
+        results["each_exit"], results["oracle"] = exits["exits"], exits["oracle"]
+        curve = budget_curve(exits["_conf"], exits["_correct"], exits["_cum"])
+        t_exits = all_exit_figures(testset_model.stages, x, y, kind)
+        curve_testset = budget_curve(t_exits["_conf"], t_exits["_correct"], t_exits["_cum"])
+        statics = {}
+        for name, largest in (("largest_static", True), ("smallest_static", False)):
+            stages = static_stages(main_model.stages, costs, largest)
+            out = run_cascade(stages, x, confidence_kind=kind, batch_size=256)
+            statics[name] = (stages, {"accuracy": float((out.pred.numpy() == y).mean()),
+                                      "mean_macs": float(out.macs.float().mean()),
+                                      "paths": [s.candidates[0].key() for s in stages]})
+            results[name] = statics[name][1]
+        timing = {"cascade": time_cascade(main_model.stages, x, kind, batch1_images=args.batch1_images, big_batch=256),
+                  "largest_static": time_cascade(statics["largest_static"][0], x, kind,
+                                                 batch1_images=args.batch1_images, big_batch=256)}
+        big = results["largest_static"]
+        macs_ratio = big["mean_macs"] / cascade["mean_macs"]
+        speedup = timing["cascade"]["throughput_b256"] / timing["largest_static"]["throughput_b256"]
+        results["timing"] = timing
+        results["vs_largest_static"] = {
+            "accuracy_gap_points": 100 * (big["accuracy"] - cascade["accuracy"]),
+            "macs_share": cascade["mean_macs"] / big["mean_macs"], "macs_ratio": macs_ratio,
+            "throughput_speedup_b256": speedup, "speedup_over_macs_ratio": speedup / macs_ratio,
+            "latency_speedup_b1": timing["largest_static"]["latency_ms_b1_median"]
+            / timing["cascade"]["latency_ms_b1_median"]}
+        write_json(args.metrics, results)
+        with atomic_path(args.plots, is_dir=True) as tmp:
+            pd.DataFrame(curve).assign(routing="predictor").pipe(
+                lambda d: pd.concat([d, pd.DataFrame(curve_testset).assign(routing="testset")])).to_csv(
+                tmp / "budget_curve.csv", index=False)
+            pd.DataFrame(results["each_exit"]).to_csv(tmp / "anytime.csv", index=False)
+            points = {"cascade (calibrated)": cascade, "cascade, calib-set selection": results["cascade_testset"],
+                      "largest static": big, "smallest static": results["smallest_static"], "oracle": exits["oracle"]}
+            budget_plot(tmp / "budget_curve.png", {"predictor routing": curve, "calib-set selection": curve_testset},
+                        points)
+            anytime_plot(tmp / "anytime.png", results["each_exit"])
+            confusion_plot(tmp / "confusion.png", np.array(cascade["confusion"]), meta.classes)
+        run.log_metrics({"test_accuracy": cascade["accuracy"], "test_mean_macs": cascade["mean_macs"],
+                         "testset_accuracy": results["cascade_testset"]["accuracy"],
+                         "largest_static_accuracy": big["accuracy"], "oracle_mean_macs": exits["oracle"]["mean_macs"],
+                         **{f"vs_largest_{k}": v for k, v in results["vs_largest_static"].items()}})
+        run.log_artifact(args.metrics)
+        run.log_artifact(args.plots, "plots")
+    v = results["vs_largest_static"]
+    print(f"evaluate: cascade {cascade['accuracy']:.4f} at {cascade['mean_macs']:,.0f} MACs (exits "
+          f"{cascade['exit_share']}); largest static {big['accuracy']:.4f} at {big['mean_macs']:,.0f}; "
+          f"calib-set selection {results['cascade_testset']['accuracy']:.4f} at "
+          f"{results['cascade_testset']['mean_macs']:,.0f}; oracle {exits['oracle']['mean_macs']:,.0f} MACs; "
+          f"MACs share {v['macs_share']:.3f}, speed-up {v['throughput_speedup_b256']:.2f}x vs MACs ratio "
+          f"{v['macs_ratio']:.2f}x")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

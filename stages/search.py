@@ -1,0 +1,100 @@
+"""Method B's final pick for module k: draw k distinct subnets from the trained probability model
+P(N) (uniform for the uniform-sampler ablation), evaluate each on the `route` split with the shared
+weights (accuracy, perf, MACs, latency), keep the best perf as the target and the accuracy-MACs
+Pareto set as the routing candidates. Plots: entropy and MI per iteration; accuracy vs MACs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from pipeline.config import ConfigError, TrackingConfig, section
+from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.models.modules import SupernetModule
+from pipeline.models.profile import CostModel
+from pipeline.models.store import load_module
+from pipeline.plots import pareto_plot, search_curves
+from pipeline.search.candidates import evaluate_candidates, pareto_front
+from pipeline.search.probmodel import ProbModel
+from pipeline.tracking import stage_run
+from stages.common import cli, params_of, parser
+from pipeline.routing.assemble import load_prefix
+from stages.train import train_config
+
+
+@cli
+def main(argv: list[str] | None = None) -> None:
+    p = parser("search", __doc__)
+    p.add_argument("--module", type=int, required=True, help="module number k (1-based)")
+    p.add_argument("--data", type=Path, required=True, help="directory written by ingest")
+    p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
+    p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
+    p.add_argument("--plots", type=Path, required=True, help="plots directory")
+    args = p.parse_args(argv)
+    params = params_of(args)
+    k, name = args.module, f"m{args.module}"
+    s = section(params, "search")
+    samples, max_pareto = int(s.get("samples", 16)), int(s.get("pareto_max", 3))
+    if samples < 1 or max_pareto < 1:
+        raise ConfigError("params: search.samples and search.pareto_max must be at least 1")
+    seed = int(params.get("seed", 0))
+    cfg = train_config(params, name, seed)
+    costs = CostModel(read_json(args.profile))
+    train_dir = args.models / name / "train"
+    module, info = load_module(train_dir)
+    prefix = load_prefix(args.models, k, costs, info.mean, info.std)
+    route = load_split(args.data, "route")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, k, 7]))
+    if isinstance(module, SupernetModule):
+        prob_path = train_dir / "prob_model.json"
+        model = (ProbModel.from_dict(module.space, read_json(prob_path)) if prob_path.exists()
+                 else ProbModel.uniform(module.space))
+        archs = model.sample_distinct(samples, rng)
+        if model.most_likely() not in archs:
+            archs.append(model.most_likely())
+    else:
+        model, archs = None, [module.default_arch()]
+    with torch.inference_mode():
+        batches = prefix.batches(route.images, route.labels, 512, torch.device("cpu"))
+        feats, ys = zip(*((prefix(x), y) for x, y in batches), strict=True)
+    features, labels = torch.cat(feats), torch.cat(ys)  # (N, C_k, H_k, W_k), (N,)
+    with stage_run(f"search@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
+                   params={"search": dict(s), "module": k, "sampler": cfg.sampler}) as run:
+        rows = evaluate_candidates(module, features, labels, archs, macs_of=lambda a: costs.macs(k, a),
+                                   latency_of=lambda a, b: costs.latency_ms(k, a, b), cost_max=costs.max_macs(k),
+                                   lambda_c=cfg.lambda_c)
+        target = max(rows, key=lambda r: r["perf"])
+        front = pareto_front(rows, max_pareto)
+        result = {"module": k, "sampler": cfg.sampler, "samples": len(rows), "target": target,
+                  "pareto": front, "candidates": rows,
+                  "most_likely": model.most_likely().key() if model is not None else "",
+                  "entropy_final": model.entropy() if model is not None else 0.0}
+        out_dir = args.models / name / "search"
+        with atomic_path(out_dir, is_dir=True) as tmp:
+            write_json(tmp / "search.json", result)
+        accs = np.array([r["acc"] for r in rows])
+        metrics = {"target_acc": target["acc"], "target_macs": target["macs"], "target_perf": target["perf"],
+                   "pareto_size": len(front), "acc_min": float(accs.min()), "acc_max": float(accs.max()),
+                   "acc_spread": float(accs.max() - accs.min()), "entropy_final": result["entropy_final"]}
+        write_json(args.metrics, metrics)
+        with atomic_path(args.plots, is_dir=True) as tmp:
+            pd.DataFrame(rows).assign(pareto=[r in front for r in rows]).to_csv(tmp / "candidates.csv", index=False)
+            pareto_plot(tmp / "acc_vs_macs.png", rows, front, target, title=f"module {k}: candidates on route")
+            iters = train_dir / "iterations.csv"
+            if iters.exists():
+                table = pd.read_csv(iters)
+                table[["iteration", "entropy", "mi"]].to_csv(tmp / "entropy_mi.csv", index=False)
+                search_curves(tmp / "entropy_mi.png", table, title=f"module {k}: method B training")
+        run.log_metrics(metrics)
+        run.log_artifact(out_dir / "search.json")
+        run.log_artifact(args.plots, "plots")
+    print(f"search@{name}: target {target['arch'] or '(fixed)'} acc {target['acc']:.4f} {target['macs']:,} MACs; "
+          f"pareto {[(r['acc'], r['macs']) for r in front]}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""Subnetwork selection for module k (claims 7 and 8). Always computes both: the static choice on the
+`calib` split (claim 8, the `testset` mode and the baseline) and, when the module has several Pareto
+candidates, a tiny predictor trained on the `route` split (claim 7) that picks one per image from the
+incoming feature map. `select.mode` says which one the cascade (and module k+1's input) uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.config import ConfigError, TrackingConfig, section
+from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.models.profile import CostModel
+from pipeline.models.store import load_module
+from pipeline.routing.predictor import Predictor, predictor_macs, train_predictor
+from pipeline.routing.rules import predictor_labels
+from pipeline.search.space import Arch
+from pipeline.tracking import stage_run
+from stages.common import StageFailed, cli, params_of, parser
+from pipeline.routing.assemble import load_prefix
+from stages.train import train_config
+
+MODES = ("predictor", "testset")
+
+
+@torch.inference_mode()
+def candidate_outputs(module, features: torch.Tensor, labels: torch.Tensor, archs: list[Arch],
+                      batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per image and candidate: correct (N, R), p(true class) (N, R), CE (N, R)."""
+    correct, p_true, ce = [], [], []
+    for arch in archs:
+        logits = torch.cat([module(features[s:s + batch_size], arch)[1] for s in range(0, len(labels), batch_size)])
+        correct.append(logits.argmax(1) == labels)
+        p_true.append(logits.softmax(1).gather(1, labels[:, None])[:, 0])
+        ce.append(F.cross_entropy(logits, labels, reduction="none"))
+    return torch.stack(correct, 1), torch.stack(p_true, 1), torch.stack(ce, 1)
+
+
+def split_features(prefix, split, batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.inference_mode():
+        pairs = [(prefix(x), y) for x, y in prefix.batches(split.images, split.labels, batch_size, torch.device("cpu"))]
+    return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+
+
+@cli
+def main(argv: list[str] | None = None) -> None:
+    p = parser("select", __doc__)
+    p.add_argument("--module", type=int, required=True, help="module number k (1-based)")
+    p.add_argument("--data", type=Path, required=True, help="directory written by ingest")
+    p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
+    p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
+    p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
+    args = p.parse_args(argv)
+    params = params_of(args)
+    k, name = args.module, f"m{args.module}"
+    s = section(params, "select")
+    mode = s.get("mode", "predictor")
+    if mode not in MODES:
+        raise ConfigError(f"params: select.mode must be one of {MODES}, got {mode!r}")
+    hidden, epochs, max_share = int(s.get("hidden", 16)), int(s.get("epochs", 30)), float(s.get("max_macs_share", 0.05))
+    seed = int(params.get("seed", 0))
+    lambda_c = train_config(params, name, seed).lambda_c
+    costs = CostModel(read_json(args.profile))
+    module, info = load_module(args.models / name / "train")
+    search = read_json(args.models / name / "search" / "search.json")
+    archs = [Arch.from_key(r["arch"]) for r in search["pareto"]]
+    macs = [costs.macs(k, a) for a in archs]
+    prefix = load_prefix(args.models, k, costs, info.mean, info.std)
+    calib_h, calib_y = split_features(prefix, load_split(args.data, "calib"))
+    c_correct, _, c_ce = candidate_outputs(module, calib_h, calib_y, archs)
+    perf = -c_ce.mean(0) - lambda_c * torch.tensor(macs, dtype=torch.float32) / costs.max_macs(k)
+    static = int(perf.argmax())
+    selection = {"module": k, "mode": mode, "candidates": [a.key() for a in archs], "candidate_macs": macs,
+                 "static": archs[static].key(), "static_calib_acc": float(c_correct[:, static].float().mean()),
+                 "calib_acc": c_correct.float().mean(0).tolist(), "predictor": None}
+    metrics = {"candidates": len(archs), "static_calib_acc": selection["static_calib_acc"],
+               "static_macs": macs[static]}
+    with stage_run(f"select@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
+                   params={"select": dict(s), "module": k}) as run, \
+            atomic_path(args.models / name / "select", is_dir=True) as tmp:
+        if mode == "testset" or len(archs) == 1:
+            selection["mode"] = "testset" if len(archs) > 1 else "single"
+        else:
+            route_h, route_y = split_features(prefix, load_split(args.data, "route"))
+            r_correct, r_p_true, _ = candidate_outputs(module, route_h, route_y, archs)
+            labels = predictor_labels(r_correct, r_p_true, macs)
+            n_fit = int(0.8 * len(labels))  # hold out a fifth of route to report the predictor honestly
+            predictor = Predictor(route_h.shape[1], len(archs), hidden=hidden,
+                                  seed=seed + k)
+            history = train_predictor(predictor, route_h[:n_fit], labels[:n_fit], epochs=epochs, lr=0.01,
+                                      batch_size=128, seed=seed + k, balanced=bool(s.get("balanced", False)))
+            with torch.inference_mode():
+                held_choice = predictor.choose(route_h[n_fit:])
+            held_acc = float((held_choice == labels[n_fit:]).float().mean())
+            rows = torch.arange(len(held_choice))
+            routed_right = float(r_correct[n_fit:][rows, held_choice].float().mean())
+            p_macs = predictor_macs(predictor, tuple(route_h.shape[1:]))
+            if p_macs > max_share * min(macs):
+                raise StageFailed(f"select@{name}: predictor costs {p_macs:,} MACs, over {max_share:.0%} of the "
+                                  f"cheapest candidate ({min(macs):,}); lower select.hidden")
+            torch.save(predictor.state_dict(), tmp / "predictor.pt")
+            share = np.bincount(labels.numpy(), minlength=len(archs)) / len(labels)
+            selection["predictor"] = {"in_channels": int(route_h.shape[1]), "num_candidates": len(archs),
+                                      "hidden": hidden, "pool": 1, "macs": p_macs}
+            metrics.update({"predictor_label_acc_heldout": held_acc, "predictor_routed_acc_heldout": routed_right,
+                            "predictor_macs": p_macs, "predictor_macs_share": p_macs / min(macs),
+                            "label_share": share.round(4).tolist(),
+                            "predictor_fit_acc": history["accuracy"][-1] if history["accuracy"] else None})
+        write_json(tmp / "selection.json", selection)
+        write_json(args.metrics, metrics)
+        run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
+        run.set_tags({"selection_mode": selection["mode"]})
+    print(f"select@{name}: mode {selection['mode']}, {len(archs)} candidates, static {selection['static'] or '(fixed)'}"
+          + (f", predictor label acc {metrics['predictor_label_acc_heldout']:.3f} (held-out route), "
+             f"{metrics['predictor_macs']:,} MACs" if selection["predictor"] else ""))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
