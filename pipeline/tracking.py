@@ -4,12 +4,15 @@ commit and the pipeline execution it belongs to."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+import pandas as pd  # the pyfunc model's predict is typed with it (MLflow reads the hint)
 
 EXECUTION_ENV = "CASCADE_EXECUTION_ID"
 
@@ -105,3 +108,148 @@ def stage_run(stage: str, *, experiment: str, root: str | os.PathLike[str] = "."
         if params:
             handle.log_params(params)
         yield handle
+
+
+# ------------------------------------------------------------------------------------ model registry
+
+
+def _quiet() -> None:
+    """No artifact progress bars: they flood logs and the CLI's stderr (an explicit setting wins)."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+def _client(root: str | os.PathLike[str] = ".") -> Any:
+    from mlflow import MlflowClient
+
+    uri = default_tracking_uri(root)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _pinned(packages: tuple[str, ...]) -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in packages:
+        try:
+            out.append(f"{name}=={version(name).split('+')[0]}")  # torch 2.x+cpu -> the public release
+        except PackageNotFoundError:
+            out.append(name)
+    return out
+
+
+def _schema(columns: tuple[tuple[str, str], ...], *, optional: bool) -> Any:
+    from mlflow.types.schema import AnyType, Array, ColSpec, DataType, Schema
+
+    kinds = {"any": AnyType(), "list[string]": Array(DataType.string)}
+    return Schema([ColSpec(kinds.get(kind, kind), name, required=not optional) for name, kind in columns])
+
+
+def log_cascade_model(model_dir: str | os.PathLike[str], registered_name: str, input_example: Any,
+                      input_columns: tuple[tuple[str, str], ...], output_columns: tuple[tuple[str, str], ...]
+                      ) -> str:
+    """Log a cascade model directory as a pyfunc model in the active run and register it under
+    ``registered_name``; returns the new version. The ``pipeline`` package travels with the model
+    (``code_paths``), so a server runs the code the version was registered with. Input columns are all
+    optional: a request fills one of them per row."""
+    import shutil
+    import tempfile
+
+    import mlflow
+    from mlflow.models import ModelSignature
+
+    _quiet()
+    signature = ModelSignature(inputs=_schema(input_columns, optional=True),
+                               outputs=_schema(output_columns, optional=False))
+    with tempfile.TemporaryDirectory() as tmp:
+        code = Path(tmp) / "pipeline"
+        shutil.copytree(Path(__file__).resolve().parent, code, ignore=shutil.ignore_patterns("__pycache__"))
+        info = mlflow.pyfunc.log_model(
+            name="cascade", python_model=_cascade_model_class()(), artifacts={"cascade": str(model_dir)},
+            code_paths=[str(code)], signature=signature, input_example=input_example,
+            pip_requirements=_pinned(("mlflow", "torch", "torchvision", "numpy", "pandas", "pyyaml")),
+            registered_model_name=registered_name)
+    return str(info.registered_model_version)
+
+
+def set_version_tags(name: str, version: str | int, tags: Mapping[str, str], *,
+                     root: str | os.PathLike[str] = ".") -> None:
+    client = _client(root)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, str(version), key, str(value)[:5000])
+
+
+def set_alias(name: str, alias: str, version: str | int, *, root: str | os.PathLike[str] = ".") -> None:
+    _client(root).set_registered_model_alias(name, alias, str(version))
+
+
+def get_version_by_alias(name: str, alias: str, *, root: str | os.PathLike[str] = ".") -> dict[str, Any] | None:
+    """The version an alias points at (``version``, ``run_id``, ``source``, ``tags``, ``aliases``),
+    or None when the model or the alias does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = _client(root).get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
+            return None
+        raise
+    return {"name": mv.name, "version": str(mv.version), "run_id": mv.run_id, "source": mv.source,
+            "tags": dict(mv.tags or {}), "aliases": list(mv.aliases or [])}
+
+
+def download_model_artifacts(uri: str, dst: str | os.PathLike[str] | None = None, *,
+                             root: str | os.PathLike[str] = ".") -> Path:
+    """Download a registered model (``models:/...``) into ``dst`` (default: a fresh temporary
+    directory); an embedded store that does not exist is an error, never created empty."""
+    import tempfile
+
+    tracking_uri = default_tracking_uri(root)
+    if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
+        raise FileNotFoundError(f"no MLflow store at {tracking_uri}: run from the repository root or set "
+                                "MLFLOW_TRACKING_URI")
+    import mlflow.artifacts
+
+    _quiet()
+    dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="cascade-model-"))
+    dst.mkdir(parents=True, exist_ok=True)
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst), tracking_uri=tracking_uri,
+                                                    registry_uri=tracking_uri))
+
+
+@functools.cache
+def _cascade_model_class() -> type:
+    """The pyfunc model class, built on first use so importing this module never imports mlflow.
+
+    It is published as ``pipeline.tracking.CascadeModel`` (module ``__getattr__``), so cloudpickle
+    stores the logged instance by reference and a server rebuilds the class from the code."""
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
+
+    class CascadeModel(mlflow.pyfunc.PythonModel):
+        """Answers a DataFrame of images (see :mod:`pipeline.registry`) with the cascade's rows."""
+
+        def load_context(self, context: Any) -> None:
+            from pipeline.routing.package import load_cascade
+
+            self._loaded = load_cascade(context.artifacts["cascade"])
+
+        def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+                    ) -> pd.DataFrame:
+            from pipeline.registry import predict_frame
+
+            if not isinstance(model_input, pd.DataFrame):
+                model_input = pd.DataFrame(model_input)
+            try:
+                return predict_frame(self._loaded, model_input)
+            except ValueError as exc:  # a bad request: the REST server answers 400 with this message
+                raise MlflowException.invalid_parameter_value(str(exc)) from None
+
+    CascadeModel.__module__ = __name__
+    CascadeModel.__qualname__ = "CascadeModel"
+    return CascadeModel
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CascadeModel":
+        return _cascade_model_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

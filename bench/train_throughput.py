@@ -1,0 +1,66 @@
+"""Benchmark: training throughput (images/s) of every module of the default cascade on this machine,
+each behind its (randomly initialised, frozen) prefix, for both supernet samplers, side by side.
+
+    python -m bench.train_throughput [--params params.yaml] [--steps 30] [--out bench/out/train_throughput.json]
+
+Reads only the module specs and train settings from params; uses random uint8 images of the
+configured size, so it needs no data. Full-run figures (per stage, real data) are in metrics/train_mK.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.config import DataConfig, ModelConfig, deep_merge, load_params
+from pipeline.models.cascade import build_modules, feature_shapes
+from pipeline.models.cost import count_macs
+from pipeline.train.loop import Prefix, TrainConfig, train_module
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--params", default="params.yaml")
+    p.add_argument("--steps", type=int, default=30, help="optimisation steps timed per module and sampler")
+    p.add_argument("--out", type=Path, default=Path("bench/out/train_throughput.json"))
+    args = p.parse_args(argv)
+    params = load_params(args.params)
+    data, model = DataConfig.from_params(params), ModelConfig.from_params(params)
+    spec = model.cascade_spec(data.channels, 10, data.image_size)
+    shapes = feature_shapes(spec)
+    rows = []
+    for k, name in enumerate(model.names, start=1):
+        cfg = TrainConfig.from_dict(deep_merge(params["train"], params["modules"][name].get("train") or {}))
+        n = cfg.batch_size * args.steps
+        rng = np.random.default_rng(0)
+        images = rng.integers(0, 256, (n, data.channels, data.image_size, data.image_size), dtype=np.uint8)
+        labels = rng.integers(0, 10, n)
+        samplers = ("uniform", "probmodel") if spec.modules[k - 1].kind == "supernet" else ("-",)
+        for sampler in samplers:
+            modules = build_modules(spec, seed=0)
+            prefix = Prefix(tuple((modules[j], modules[j].default_arch()) for j in range(k - 1)))
+            module = modules[k - 1]
+            macs = count_macs(module, shapes[k - 1], module.default_arch())
+            run_cfg = dataclasses.replace(cfg, epochs=1, sampler=sampler if sampler != "-" else cfg.sampler)
+            start = time.perf_counter()
+            train_module(module, prefix, images, labels, run_cfg, cost_of=lambda a: 1.0, cost_max=1.0,
+                         exit_saving=0.5, progress=False)
+            seconds = time.perf_counter() - start
+            rows.append({"module": name, "kind": spec.modules[k - 1].kind, "sampler": sampler,
+                         "default_path_macs": macs, "images_per_s": round(n / seconds, 1),
+                         "seconds": round(seconds, 2)})
+            print(f"{name} {spec.modules[k - 1].kind:8s} {sampler:9s} {n / seconds:8.1f} img/s  "
+                  f"(default path {macs / 1e6:.2f} M MACs, {args.steps} steps of {cfg.batch_size})", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

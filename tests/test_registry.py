@@ -1,0 +1,431 @@
+"""The registry: gate, lineage, payload decoding, the register stage on the embedded store, and a real
+``mlflow server`` and ``mlflow models serve`` on loopback answering like the local engine."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from pipeline import tracking
+from pipeline.config import ConfigError
+from pipeline.data.sources import decode_image_file
+from pipeline.io import Split, save_split, write_json
+from pipeline.registry import (
+    CHALLENGER,
+    CHAMPION,
+    RegisterConfig,
+    decode_payload,
+    gate,
+    image_frame,
+    lineage_tags,
+    metrics_from_tags,
+    parse_model_uri,
+    png_b64,
+    predict_frame,
+    register_cascade,
+)
+from pipeline.routing.package import load_cascade, recognize_arrays, recognize_files
+from tests.routing.test_package import save_tiny, uint8_images, write_image_files
+
+VENV_BIN = Path(sys.executable).parent
+CFG = RegisterConfig("tiny-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)  # module fixtures run before the autouse one
+    return save_tiny(tmp_path_factory.mktemp("registry") / "model")[1]
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Real PNG/JPEG files (grey and RGB, several sizes) plus a corrupt one."""
+    return write_image_files(tmp_path_factory.mktemp("images"))
+
+
+# ----------------------------------------------------------------------------------------------- gate
+
+
+def test_first_version_passes() -> None:
+    assert gate({"accuracy": 0.5, "mean_macs": 1e6}, None, 0.002, 0.05) == (
+        True, ["no champion yet: the first version passes"])
+
+
+@pytest.mark.parametrize(("accuracy", "macs", "passed", "failing"), [
+    (0.900, 1000.0, True, []),
+    (0.898, 1050.0, True, []),  # both exactly at the tolerance
+    (0.8979, 1000.0, False, ["accuracy"]),
+    (0.950, 1050.1, False, ["mean MACs"]),
+    (0.800, 2000.0, False, ["accuracy", "mean MACs"]),
+])
+def test_gate_tolerances(accuracy: float, macs: float, passed: bool, failing: list[str]) -> None:
+    ok, reasons = gate({"accuracy": accuracy, "mean_macs": macs}, {"accuracy": 0.9, "mean_macs": 1000.0},
+                       0.002, 0.05)
+    assert ok is passed and len(reasons) == 2
+    assert [r.split(" ")[0] + (" MACs" if r.startswith("mean") else "") for r in reasons if r.endswith("fail")] \
+        == failing
+
+
+def test_gate_bad_figures() -> None:
+    with pytest.raises(ValueError, match="'mean_macs'"):
+        gate({"accuracy": 0.9, "mean_macs": float("nan")}, None, 0.0, 0.0)
+    ok, reasons = gate({"accuracy": 0.9, "mean_macs": 10.0}, {"accuracy": 0.9}, 0.0, 0.0)
+    assert not ok and "no mean_macs" in reasons[0]
+
+
+def test_register_config() -> None:
+    params = {"register": {"model_name": "m", "acc_tolerance": 0, "macs_tolerance": 0.1}}
+    assert RegisterConfig.from_params(params) == RegisterConfig("m", 0.0, 0.1)
+    with pytest.raises(ConfigError, match="register.macs_tolerance"):
+        RegisterConfig.from_params({"register": {"model_name": "m", "acc_tolerance": 0, "macs_tolerance": -1}})
+    with pytest.raises(ConfigError, match="register.model_name"):
+        RegisterConfig.from_params({"register": {"model_name": "a/b", "acc_tolerance": 0, "macs_tolerance": 0}})
+
+
+# -------------------------------------------------------------------------------------------- lineage
+
+LOCK = {"schema": "2.0", "stages": {
+    "ingest": {"cmd": "x", "params": {"params.yaml": {"seed": 0, "data": {"source": "digits"}}},
+               "outs": [{"path": "data/prepared", "hash": "md5", "md5": "aaa.dir"}]},
+    "grade": {"cmd": "x", "params": {"params.yaml": {"grade": {"folds": 3}}},
+              "outs": [{"path": "data/graded", "hash": "md5", "md5": "bbb.dir"},
+                       {"path": "plots/grade", "hash": "md5", "md5": "ccc.dir"}]},
+    "train@m1": {"cmd": "x", "params": {"params.yaml": {"train": {"lr": 0.1}}}, "outs": []},
+}}
+
+
+def test_lineage_tags(tmp_path: Path) -> None:
+    lock = tmp_path / "dvc.lock"
+    lock.write_text(yaml.safe_dump(LOCK))
+    tags = lineage_tags(tmp_path, lock, {"accuracy": 0.91, "mean_macs": 1234.5})
+    assert tags["dvc.out.data/prepared"] == "aaa.dir" and tags["dvc.out.data/graded"] == "bbb.dir"
+    assert "dvc.out.plots/grade" not in tags
+    assert {k for k in tags if k.startswith("dvc.params.")} == {
+        "dvc.params.ingest", "dvc.params.grade", "dvc.params.train.m1"}
+    assert tags["git_commit"] == "unknown"  # tmp_path is no git repository
+    assert metrics_from_tags(tags) == {"accuracy": 0.91, "mean_macs": 1234.5}
+    LOCK["stages"]["grade"]["params"]["params.yaml"]["grade"]["folds"] = 4
+    lock.write_text(yaml.safe_dump(LOCK))
+    changed = lineage_tags(tmp_path, lock, {})
+    LOCK["stages"]["grade"]["params"]["params.yaml"]["grade"]["folds"] = 3
+    assert changed["dvc.params.grade"] != tags["dvc.params.grade"]
+    assert changed["dvc.params.ingest"] == tags["dvc.params.ingest"]
+    assert lineage_tags(tmp_path, tmp_path / "none.lock", {})["dvc.lock"] == "missing"
+
+
+def test_parse_model_uri() -> None:
+    assert parse_model_uri("models:/a-b@champion") == ("a-b", "champion", None)
+    assert parse_model_uri("models:/a/12") == ("a", None, "12")
+    with pytest.raises(ValueError, match="models:/<name>@<alias>"):
+        parse_model_uri("models:/a")
+
+
+# -------------------------------------------------------------------------------------------- payload
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_decode_base64_files_like_the_cli(images: dict[str, Path], channels: int) -> None:
+    names = ["grey_png", "rgb_png", "grey_jpg", "rgb_jpeg"]  # 16x16, 40x30, 20x20, 28x28
+    frame = pd.DataFrame({"image": [png_b64(images[n]) for n in names]})
+    got = decode_payload(frame, (channels, 16, 16))
+    expected = np.stack([decode_image_file(images[n], channels, 16) for n in names])
+    assert got.dtype == np.uint8 and got.shape == (4, channels, 16, 16)
+    np.testing.assert_array_equal(got, expected)
+    wrapped = "data:image/png;base64," + "\n".join(textwrap_76(png_b64(images["rgb_png"])))
+    np.testing.assert_array_equal(decode_payload(pd.DataFrame({"image": [wrapped]}), (channels, 16, 16))[0],
+                                  expected[1])
+
+
+def textwrap_76(text: str) -> list[str]:
+    return [text[i:i + 76] for i in range(0, len(text), 76)]
+
+
+def test_decode_pixels() -> None:
+    arrays = uint8_images(3, seed=4)  # (3, 1, 16, 16)
+    frame = pd.DataFrame({"pixels": [arrays[0, 0].tolist(), arrays[1], arrays[2].tolist()]})
+    np.testing.assert_array_equal(decode_payload(frame, (1, 16, 16)), arrays)
+    rgb = np.repeat(arrays[:1], 3, axis=1)  # (1, 3, 16, 16)
+    np.testing.assert_array_equal(decode_payload(pd.DataFrame({"pixels": [rgb[0]]}), (1, 16, 16)), arrays[:1])
+    big = decode_payload(pd.DataFrame({"pixels": [np.full((32, 32), 7, dtype=np.uint8)]}), (3, 16, 16))
+    assert big.shape == (1, 3, 16, 16) and (big == 7).all()
+    mixed = pd.DataFrame({"image": [base64.b64encode(b"").decode(), None], "pixels": [None, arrays[1, 0]]})
+    with pytest.raises(ValueError, match="row 0: image is empty"):
+        decode_payload(mixed, (1, 16, 16))
+    assert decode_payload(pd.DataFrame({"image": []}), (1, 16, 16)).shape == (0, 1, 16, 16)
+
+
+BAD_ROWS = {
+    "not base64": ({"image": "@@not base64@@"}, "row 1: image is not valid base64"),
+    "not an image": ({"image": base64.b64encode(b"hello world").decode()}, "row 1: image cannot be decoded"),
+    "a number": ({"image": 12}, "row 1: image must be a base64 string"),
+    "pixels out of range": ({"pixels": [[0, 256], [1, 2]]}, r"row 1: pixels must lie in 0\.\.255"),
+    "float pixels": ({"pixels": [[0.5, 1.0], [1.0, 2.0]]}, "row 1: pixels must be integers"),
+    "ragged pixels": ({"pixels": [[1, 2], [3]]}, "row 1: pixels must be integers"),
+    "four channels": ({"pixels": np.zeros((4, 8, 8), dtype=np.uint8)}, "C 1 or 3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ROWS))
+def test_bad_row_is_named(case: str) -> None:
+    value, message = BAD_ROWS[case]
+    (col, bad), = value.items()
+    good = png_b64_array(uint8_images(1, seed=0)[0]) if col == "image" else np.zeros((16, 16), np.uint8)
+    frame = pd.DataFrame({col: pd.Series([good, bad, good], dtype=object)})
+    with pytest.raises(ValueError, match=message):
+        decode_payload(frame, (1, 16, 16))
+
+
+def png_b64_array(image: np.ndarray) -> str:
+    return image_frame(image[None])["image"][0]
+
+
+def test_payload_needs_a_known_column() -> None:
+    with pytest.raises(ValueError, match="needs a column 'image'.*got columns \\['img'\\]"):
+        decode_payload(pd.DataFrame({"img": ["x"]}), (1, 16, 16))
+    both = pd.DataFrame({"image": [png_b64_array(np.zeros((1, 4, 4), np.uint8))], "pixels": [[[0]]]})
+    with pytest.raises(ValueError, match="row 0: give exactly one of image or pixels, got 2"):
+        decode_payload(both, (1, 16, 16))
+
+
+def test_predict_frame_equals_engine(model_dir: Path) -> None:
+    loaded = load_cascade(model_dir)
+    arrays = uint8_images(40, seed=5)
+    got = predict_frame(loaded, image_frame(arrays))
+    assert got.to_dict("records") == recognize_arrays(loaded, arrays)
+    assert list(predict_frame(loaded, pd.DataFrame({"image": []})).columns) == list(got.columns)
+
+
+# ------------------------------------------------------------------------------ register stage (SQLite)
+
+
+def stage_repo(root: Path, model_dir: Path, accuracy: float, macs: float) -> Path:
+    """A minimal repository for ``stages.register``: params, test split, evaluate metrics, dvc.lock."""
+    (root / "data" / "prepared").mkdir(parents=True, exist_ok=True)
+    arrays = uint8_images(4, seed=7)
+    save_split(root / "data" / "prepared" / "test.npz", Split("test", arrays, np.arange(4), np.array(list("abcd"))))
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": accuracy, "mean_macs": macs}})
+    (root / "params.yaml").write_text(yaml.safe_dump({
+        "tracking": {"experiment": "reg"},
+        "register": {"model_name": "stage-cascade", "acc_tolerance": 0.002, "macs_tolerance": 0.05}}))
+    (root / "dvc.lock").write_text(yaml.safe_dump(LOCK))
+    return root
+
+
+def run_stage(root: Path, model_dir: Path) -> int:
+    from stages.register import main
+
+    return main(["--root", str(root), "--params", str(root / "params.yaml"), "--model", str(model_dir),
+                 "--metrics-in", str(root / "metrics/evaluate.json"), "--data", str(root / "data/prepared"),
+                 "--out", str(root / "metrics/register.json")])
+
+
+def test_register_stage_on_the_embedded_store(tmp_path: Path, model_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the default: mlflow.db in the root
+    root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
+    assert run_stage(root, model_dir) == 0
+    first = json.loads((root / "metrics/register.json").read_text())
+    assert first["version"] == 1 and first["passed"] and first["champion"] == 1
+    assert (root / "mlflow.db").is_file()
+    champion = tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)
+    assert champion is not None and champion["version"] == "1"
+    tags = champion["tags"]
+    assert tags["dvc.out.data/prepared"] == "aaa.dir" and tags["gate"] == "passed"
+    assert "git_commit" in tags and metrics_from_tags(tags) == {"accuracy": 0.9, "mean_macs": 1000.0}
+
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.95, "mean_macs": 1100.0}})
+    assert run_stage(root, model_dir) == 0
+    second = json.loads((root / "metrics/register.json").read_text())
+    assert second["version"] == 2 and not second["passed"] and second["champion"] == 1
+    assert second["previous_champion_metrics"] == {"accuracy": 0.9, "mean_macs": 1000.0}
+    assert any("mean MACs" in r and r.endswith("fail") for r in second["reasons"])
+    assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
+    assert tracking.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["version"] == "2"
+    assert tracking.get_version_by_alias("stage-cascade", "nope", root=root) is None
+    assert tracking.get_version_by_alias("no-such-model", CHAMPION, root=root) is None
+
+
+def test_register_stage_errors(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.9}})
+    assert run_stage(root, model_dir) == 1
+    assert "has no cascade mean_macs" in capsys.readouterr().err
+    assert not (root / "mlflow.db").exists()
+
+
+# ------------------------------------------------------------------------------- tracking server (HTTP)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def subprocess_env(tracking_uri: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", MLFLOW_TRACKING_URI=tracking_uri,
+               MLFLOW_ENABLE_TELEMETRY="false", DO_NOT_TRACK="1", OMP_NUM_THREADS="1")
+    return env
+
+
+@contextlib.contextmanager
+def server(cmd: list[str], env: dict[str, str], url: str, log: Path, timeout: float = 90.0) -> Iterator[None]:
+    """Start ``cmd`` in its own process group, wait until ``url`` answers, and stop the group after."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"{cmd[:3]} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{url} did not answer within {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[dict[str, object]]:
+    """An ``mlflow server`` (SQLite backend, proxied artifacts in a temporary directory) holding the
+    tiny cascade as v1 (champion) and a worse v2 (challenger only)."""
+    tmp = tmp_path_factory.mktemp("server")
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    cmd = [str(VENV_BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+           "--backend-store-uri", f"sqlite:///{tmp / 'backend.db'}",
+           "--artifacts-destination", str(tmp / "artifacts"), "--default-artifact-root", "mlflow-artifacts:/"]
+    with server(cmd, subprocess_env(uri), f"{uri}/health", tmp / "server.log"), pytest.MonkeyPatch.context() as mp:
+        for key, value in subprocess_env(uri).items():
+            if key != "PATH":
+                mp.setenv(key, value)
+        example = image_frame(uint8_images(1, seed=3))
+        decisions = []
+        for accuracy in (0.9, 0.85):
+            with tracking.stage_run("register", experiment="server", root=tmp):
+                decisions.append(register_cascade(model_dir, CFG, {"accuracy": accuracy, "mean_macs": 1000.0},
+                                                  {"git_commit": "test"}, example, root=tmp))
+        yield {"uri": uri, "tmp": tmp, "decisions": decisions}
+
+
+def test_server_registration_and_gate(tracking_server: dict) -> None:
+    first, second = tracking_server["decisions"]
+    assert (first.version, first.passed, first.champion) == (1, True, 1)
+    assert (second.version, second.passed, second.champion) == (2, False, 1)
+    assert any(r.startswith("accuracy 0.8500 < 0.8980") for r in second.reasons)
+    assert tracking.get_version_by_alias(CFG.model_name, CHAMPION)["version"] == "1"
+    challenger = tracking.get_version_by_alias(CFG.model_name, CHALLENGER)
+    assert challenger["version"] == "2" and challenger["tags"]["gate"] == "failed"
+    assert list((tracking_server["tmp"] / "artifacts").iterdir())  # artifacts went through the server
+
+
+def test_champion_loads_back_and_answers_like_the_engine(tracking_server: dict, model_dir: Path) -> None:
+    import mlflow.pyfunc
+
+    model = mlflow.pyfunc.load_model(f"models:/{CFG.model_name}@{CHAMPION}")
+    arrays = uint8_images(60, seed=11)
+    got = model.predict(image_frame(arrays))
+    assert got.to_dict("records") == recognize_arrays(load_cascade(model_dir), arrays)
+    pixels = model.predict(pd.DataFrame({"pixels": [a[0].tolist() for a in arrays[:5]]}))
+    assert pixels.to_dict("records") == got.to_dict("records")[:5]
+
+
+def test_cli_recognizes_with_a_registry_uri(tracking_server: dict, model_dir: Path, images: dict[str, Path],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    files = [images[n] for n in ("grey_png", "rgb_png", "grey_jpg")]
+    assert main(["recognize", "--model", f"models:/{CFG.model_name}@{CHAMPION}", "--json", *map(str, files)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows == recognize_files(load_cascade(model_dir), files)[0]
+    assert main(["info", "--model", f"models:/{CFG.model_name}/7"]) == 2
+    assert "cannot fetch model" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ REST serving
+
+
+def post(url: str, body: object) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.fixture(scope="module")
+def serving(tracking_server: dict) -> Iterator[str]:
+    port = free_port()
+    cmd = [str(VENV_BIN / "mlflow"), "models", "serve", "-m", f"models:/{CFG.model_name}@{CHAMPION}",
+           "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    url = f"http://127.0.0.1:{port}"
+    with server(cmd, subprocess_env(str(tracking_server["uri"])), f"{url}/ping",
+                Path(tracking_server["tmp"]) / "serve.log"):
+        yield url
+
+
+def test_serving_answers_like_the_engine(serving: str, model_dir: Path, images: dict[str, Path]) -> None:
+    files = [images[n] for n in ("grey_png", "rgb_png", "grey_jpg", "rgb_jpeg")]
+    body = {"dataframe_split": {"columns": ["image"], "data": [[png_b64(f)] for f in files]}}
+    status, answer = post(f"{serving}/invocations", body)
+    assert status == 200, answer
+    expected = recognize_files(load_cascade(model_dir), files)[0]
+    got = answer["predictions"]
+    assert len(got) == len(expected)
+    for row, want in zip(got, expected, strict=True):
+        assert {k: row[k] for k in ("class_index", "class_name", "exit", "subnets", "macs")} == \
+            {k: want[k] for k in ("class_index", "class_name", "exit", "subnets", "macs")}
+        assert row["confidence"] == pytest.approx(want["confidence"], abs=1e-6)  # the server's own threads
+
+
+def test_serving_rejects_a_malformed_payload(serving: str, images: dict[str, Path]) -> None:
+    body = {"dataframe_split": {"columns": ["image"], "data": [[png_b64(images["grey_png"])], ["%%garbage%%"]]}}
+    status, answer = post(f"{serving}/invocations", body)
+    assert status == 400
+    assert "row 1: image is not valid base64" in answer["message"]
+    status, answer = post(f"{serving}/invocations", {"dataframe_split": {"columns": ["image"], "data": [[3]]}})
+    assert 400 <= status < 500 and answer.get("message")
