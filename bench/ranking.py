@@ -260,7 +260,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             scores = [log_prob(result.prob_model, a) for a in subnets]
             stats = rank_stats(scores, standalone)
             row.update(final_entropy=result.prob_model.entropy(),
-                       most_likely=result.prob_model.most_likely().key(), log_prob=scores, tau_logp=stats["tau"], rho_logp=stats["rho"])
+                       most_likely=result.prob_model.most_likely().key(), log_prob=scores,
+                       tau_logp=stats["tau"], rho_logp=stats["rho"])
         row["eval_seconds"] = round(time.perf_counter() - t1, 1)
         results.append(row)
         extra = f", tau_bn {row['tau_bn']:+.3f}" if "tau_bn" in row else ""

@@ -86,7 +86,8 @@ def gate(candidate: Mapping[str, float], champion: Mapping[str, float] | None, a
     """
     for key in GATE_METRICS:
         if _finite(candidate, key) is None:
-            raise ValueError(f"candidate metric {key!r} is missing or not a finite number: {candidate.get(key)!r}")
+            raise ValueError(f"candidate metric {key!r} is missing or not a finite number: "
+                             f"{candidate.get(key)!r}")
     if champion is None:
         return True, ["no champion yet: the first version passes"]
     missing = [key for key in GATE_METRICS if _finite(champion, key) is None]
@@ -236,7 +237,8 @@ def _decode_pixels(value: Any, shape: Sequence[int]) -> np.ndarray:
     except ValueError:
         array = np.asarray([], dtype=object)  # ragged nested lists
     if array.dtype == object or array.dtype.kind not in "iu" or array.ndim not in (2, 3):
-        raise ValueError(f"pixels must be integers shaped (H, W) or (C, H, W), got {array.dtype} {array.shape}")
+        raise ValueError(f"pixels must be integers shaped (H, W) or (C, H, W), got "
+                         f"{array.dtype} {array.shape}")
     if array.ndim == 2:
         array = array[None]
     if array.shape[0] not in (1, 3) or min(array.shape[1:]) < 1:
@@ -264,7 +266,8 @@ def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int]) -> np.ndarra
             raise ValueError(f"row {row}: give exactly one of {' or '.join(columns)}, got {len(given)}")
         col, value = given[0]
         try:
-            images.append(_decode_image(value, (c, h, w)) if col == "image" else _decode_pixels(value, (c, h, w)))
+            decode = _decode_image if col == "image" else _decode_pixels
+            images.append(decode(value, (c, h, w)))
         except ValueError as exc:
             raise ValueError(f"row {row}: {exc}") from None
     return np.stack(images) if images else np.zeros((0, c, h, w), dtype=np.uint8)  # (N, C, H, W)
@@ -338,14 +341,16 @@ class Decision:
 def register_cascade(model_dir: str | os.PathLike[str], cfg: RegisterConfig, candidate: Mapping[str, float],
                      tags: Mapping[str, str], example: pd.DataFrame, *, root: str | os.PathLike[str] = "."
                      ) -> Decision:
-    """Log and register the cascade in the active run, tag it, point ``challenger`` at it and move
+    """Log and register the cascade in the active run, tag it (``tags``, e.g. :func:`lineage_tags`, plus
+    the candidate's metrics, which the next gate reads), point ``challenger`` at it and move
     ``champion`` to it if it passes the gate against the champion it found."""
     previous = tracking.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
     previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
     passed, reasons = gate(candidate, previous_metrics, cfg.acc_tolerance, cfg.macs_tolerance)
     version = tracking.log_cascade_model(model_dir, cfg.model_name, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
-    tracking.set_version_tags(cfg.model_name, version, {
-        **tags, "gate": "passed" if passed else "failed", "gate.reasons": " | ".join(reasons)}, root=root)
+    decision_tags = {"gate": "passed" if passed else "failed", "gate.reasons": " | ".join(reasons)}
+    tracking.set_version_tags(cfg.model_name, version, {**tags, **metric_tags(candidate), **decision_tags},
+                              root=root)
     tracking.set_alias(cfg.model_name, CHALLENGER, version, root=root)
     if passed:
         tracking.set_alias(cfg.model_name, CHAMPION, version, root=root)
@@ -358,3 +363,9 @@ def png_b64(path: str | os.PathLike[str]) -> str:
     """A file's bytes as base64 text: what a client puts in the ``image`` column."""
     return base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
+
+
+def save_cascade_pyfunc(model_dir: str | os.PathLike[str], path: str | os.PathLike[str],
+                        example: pd.DataFrame) -> Path:
+    """The registered form of a cascade, saved locally (``mlflow models serve -m PATH`` serves it)."""
+    return tracking.save_cascade_model(model_dir, path, example, INPUT_COLUMNS, OUTPUT_COLUMNS)

@@ -144,31 +144,55 @@ def _schema(columns: tuple[tuple[str, str], ...], *, optional: bool) -> Any:
     return Schema([ColSpec(kinds.get(kind, kind), name, required=not optional) for name, kind in columns])
 
 
+def _pyfunc_kwargs(model_dir: str | os.PathLike[str], code_dir: Path, input_example: Any,
+                   input_columns: tuple[tuple[str, str], ...], output_columns: tuple[tuple[str, str], ...]
+                   ) -> dict[str, Any]:
+    """What a cascade pyfunc model is made of; the ``pipeline`` package (without caches) is copied
+    to ``code_dir`` and travels with the model, so a server runs the code the model was logged with."""
+    import shutil
+
+    from mlflow.models import ModelSignature
+
+    shutil.copytree(Path(__file__).resolve().parent, code_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    signature = ModelSignature(inputs=_schema(input_columns, optional=True),
+                               outputs=_schema(output_columns, optional=False))
+    return {"python_model": _cascade_model_class()(), "artifacts": {"cascade": str(model_dir)},
+            "code_paths": [str(code_dir)], "signature": signature, "input_example": input_example,
+            "pip_requirements": _pinned(("mlflow", "torch", "torchvision", "numpy", "pandas", "pyyaml"))}
+
+
 def log_cascade_model(model_dir: str | os.PathLike[str], registered_name: str, input_example: Any,
                       input_columns: tuple[tuple[str, str], ...], output_columns: tuple[tuple[str, str], ...]
                       ) -> str:
     """Log a cascade model directory as a pyfunc model in the active run and register it under
-    ``registered_name``; returns the new version. The ``pipeline`` package travels with the model
-    (``code_paths``), so a server runs the code the version was registered with. Input columns are all
-    optional: a request fills one of them per row."""
-    import shutil
+    ``registered_name``; returns the new version. Input columns are all optional: a request fills
+    one of them per row."""
     import tempfile
 
     import mlflow
-    from mlflow.models import ModelSignature
 
     _quiet()
-    signature = ModelSignature(inputs=_schema(input_columns, optional=True),
-                               outputs=_schema(output_columns, optional=False))
     with tempfile.TemporaryDirectory() as tmp:
         code = Path(tmp) / "pipeline"
-        shutil.copytree(Path(__file__).resolve().parent, code, ignore=shutil.ignore_patterns("__pycache__"))
-        info = mlflow.pyfunc.log_model(
-            name="cascade", python_model=_cascade_model_class()(), artifacts={"cascade": str(model_dir)},
-            code_paths=[str(code)], signature=signature, input_example=input_example,
-            pip_requirements=_pinned(("mlflow", "torch", "torchvision", "numpy", "pandas", "pyyaml")),
-            registered_model_name=registered_name)
+        kwargs = _pyfunc_kwargs(model_dir, code, input_example, input_columns, output_columns)
+        info = mlflow.pyfunc.log_model(name="cascade", registered_model_name=registered_name, **kwargs)
     return str(info.registered_model_version)
+
+
+def save_cascade_model(model_dir: str | os.PathLike[str], path: str | os.PathLike[str], input_example: Any,
+                       input_columns: tuple[tuple[str, str], ...], output_columns: tuple[tuple[str, str], ...]
+                       ) -> Path:
+    """The same pyfunc model as :func:`log_cascade_model`, saved to a local directory (no store)."""
+    import tempfile
+
+    import mlflow
+
+    _quiet()
+    with tempfile.TemporaryDirectory() as tmp:
+        code = Path(tmp) / "pipeline"
+        kwargs = _pyfunc_kwargs(model_dir, code, input_example, input_columns, output_columns)
+        mlflow.pyfunc.save_model(str(path), **kwargs)
+    return Path(path)
 
 
 def set_version_tags(name: str, version: str | int, tags: Mapping[str, str], *,
@@ -182,7 +206,8 @@ def set_alias(name: str, alias: str, version: str | int, *, root: str | os.PathL
     _client(root).set_registered_model_alias(name, alias, str(version))
 
 
-def get_version_by_alias(name: str, alias: str, *, root: str | os.PathLike[str] = ".") -> dict[str, Any] | None:
+def get_version_by_alias(name: str, alias: str, *,
+                         root: str | os.PathLike[str] = ".") -> dict[str, Any] | None:
     """The version an alias points at (``version``, ``run_id``, ``source``, ``tags``, ``aliases``),
     or None when the model or the alias does not exist."""
     from mlflow.exceptions import MlflowException
@@ -212,8 +237,8 @@ def download_model_artifacts(uri: str, dst: str | os.PathLike[str] | None = None
     _quiet()
     dst = Path(dst) if dst is not None else Path(tempfile.mkdtemp(prefix="cascade-model-"))
     dst.mkdir(parents=True, exist_ok=True)
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst), tracking_uri=tracking_uri,
-                                                    registry_uri=tracking_uri))
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dst),
+                                                    tracking_uri=tracking_uri, registry_uri=tracking_uri))
 
 
 @functools.cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,13 +33,16 @@ def params_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cli(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
-    """Wrap a stage's main: known errors print ``error: ...`` to stderr and exit with status 1."""
+    """Wrap a stage's main: known errors print ``error: ...`` to stderr and exit with status 1
+    (set ``CASCADE_DEBUG=1`` for the traceback)."""
 
     @functools.wraps(fn)
     def wrapper(argv: list[str] | None = None) -> int:
         try:
             fn(argv)
-        except (ConfigError, DataError, StageFailed, FileNotFoundError) as exc:
+        except (ConfigError, DataError, StageFailed, FileNotFoundError, ValueError) as exc:
+            if os.environ.get("CASCADE_DEBUG"):
+                raise
             print(f"error: {exc}", file=sys.stderr)
             return 1
         return 0

@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, required=True, help="calibrated cascade (model directory)")
     p.add_argument("--metrics-in", type=Path, required=True, help="evaluate's metrics JSON (key 'cascade')")
     p.add_argument("--data", type=Path, required=True, help="directory written by ingest (input example)")
-    p.add_argument("--lock", type=Path, default=None, help="dvc.lock read for lineage tags (default: ROOT/dvc.lock)")
+    p.add_argument("--lock", type=Path, default=None,
+                   help="dvc.lock read for lineage tags (default: ROOT/dvc.lock)")
     p.add_argument("--out", type=Path, required=True, help="metrics JSON: the gate decision and its reasons")
     args = p.parse_args(argv)
     params = params_of(args)
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         decision = register_cascade(args.model, cfg, candidate, tags, example, root=args.root)
         write_json(args.out, decision.to_dict())
         run.log_metrics({"gate_passed": float(decision.passed), "registered_version": decision.version})
-        run.set_tags({"gate": "passed" if decision.passed else "failed", "gate.reasons": " | ".join(decision.reasons),
+        run.set_tags({"gate": "passed" if decision.passed else "failed",
+                      "gate.reasons": " | ".join(decision.reasons),
                       "registered_model": f"{cfg.model_name}/{decision.version}"})
         run.log_artifact(args.out)
     verdict = "champion" if decision.passed else f"challenger only (champion stays v{decision.champion})"

@@ -6,33 +6,20 @@ measured once per (layer, op), then priced for any architecture without running 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipeline.models.modules import SupernetModule
+from pipeline.models.modules import SupernetModule, eval_mode
 from pipeline.search.space import Arch
 
 Shape = Sequence[int]  # (C, H, W), no batch dimension
 CostTable = Mapping[str, Mapping[str, float]]  # layer label -> op -> cost
-
-
-@contextlib.contextmanager
-def _eval_mode(module: nn.Module) -> Iterator[None]:
-    """Run in eval mode (no BN running-stat updates), then restore every submodule's own flag."""
-    flags = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
 
 
 def _device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -66,7 +53,7 @@ def count_macs(module: nn.Module, input_shape: Shape, arch: Arch | None = None) 
             handles.append(m.register_forward_hook(linear_hook))
     device, dtype = _device_dtype(module)
     try:
-        with _eval_mode(module), torch.no_grad():
+        with eval_mode(module), torch.no_grad():
             _call(module, torch.zeros(1, *input_shape, device=device, dtype=dtype), arch)  # (1, C, H, W)
     finally:
         for handle in handles:
@@ -147,7 +134,7 @@ def measure_latency_table(
     device, dtype = _device_dtype(module)
     generator = torch.Generator().manual_seed(seed)
     table: dict[int, dict[str, Any]] = {}
-    with _eval_mode(module), torch.inference_mode():
+    with eval_mode(module), torch.inference_mode():
         for batch in batch_sizes:
             x = torch.randn(batch, *input_shape, generator=generator).to(device, dtype)  # (B, C, H, W)
             if not isinstance(module, SupernetModule):

@@ -6,8 +6,9 @@ Both module kinds share one surface, so training, search and routing code never 
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeAlias
 
@@ -215,3 +216,17 @@ def confidence(logits: torch.Tensor, kind: str = "maxprob") -> torch.Tensor:
         return probs.max(dim=-1).values  # (B,)
     top2 = probs.topk(2, dim=-1).values  # (B, 2)
     return top2[..., 0] - top2[..., 1]  # (B,)
+
+
+@contextlib.contextmanager
+def eval_mode(*nets: nn.Module) -> Iterator[None]:
+    """Eval mode for ``nets`` (BatchNorm uses, never updates, its statistics), then every
+    submodule's own train/eval flag back as it was."""
+    flags = [(m, m.training) for net in nets for m in net.modules()]
+    for net in nets:
+        net.eval()
+    try:
+        yield
+    finally:
+        for m, training in flags:
+            m.training = training

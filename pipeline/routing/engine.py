@@ -8,16 +8,15 @@ result does not depend on the batch size (modules run in eval mode; only float n
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from pipeline.models.cost import count_macs
-from pipeline.models.modules import Subnet, confidence
+from pipeline.models.modules import Subnet, confidence, eval_mode
 from pipeline.routing.predictor import Predictor, predictor_macs
 from pipeline.routing.rules import exit_mask, route_groups
 from pipeline.search.space import Arch
@@ -94,18 +93,8 @@ class CascadeOutput:
     calls: list[int]
 
 
-@contextlib.contextmanager
-def _eval_mode(stages: Sequence[Stage]) -> Iterator[None]:
-    """Eval mode for every module and predictor, then each submodule's own flag back."""
-    nets = [s.module for s in stages] + [s.predictor for s in stages if s.predictor is not None]
-    flags = [(m, m.training) for net in nets for m in net.modules()]
-    for net in nets:
-        net.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
+def _nets(stages: Sequence[Stage]) -> list[nn.Module]:
+    return [s.module for s in stages] + [s.predictor for s in stages if s.predictor is not None]
 
 
 def _forward(module: nn.Module, x: torch.Tensor, arch: Arch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,7 +186,7 @@ def run_cascade(
     """
     _check(stages, images, batch_size)
     step = batch_size or max(images.shape[0], 1)
-    with _eval_mode(stages), torch.inference_mode():
+    with eval_mode(*_nets(stages)), torch.inference_mode():
         starts = range(0, images.shape[0], step)
         parts = [_run_batch(stages, images[i : i + step], confidence_kind) for i in starts]
         if not parts:
@@ -250,7 +239,7 @@ def run_all_exits(
     """
     _check(stages, images, batch_size)
     step = batch_size or max(images.shape[0], 1)
-    with _eval_mode(stages), torch.inference_mode():
+    with eval_mode(*_nets(stages)), torch.inference_mode():
         parts = [
             _all_exits_batch(stages, images[i : i + step], confidence_kind)
             for i in range(0, max(images.shape[0], 1), step)

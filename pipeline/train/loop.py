@@ -13,7 +13,6 @@ weights are the caller's. Same weights, data and config give bitwise-identical w
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import time
@@ -28,7 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.io import atomic_path
-from pipeline.models.modules import NO_ARCH, SupernetModule, confidence
+from pipeline.models.modules import NO_ARCH, SupernetModule, confidence, eval_mode
 from pipeline.search.probmodel import ProbModel, entropy_pick, model_mi, plain_pick, supernet_step_loss
 from pipeline.search.space import Arch
 from pipeline.train.data import ImageBatches
@@ -140,18 +139,6 @@ def learning_rate(cfg: TrainConfig, iteration: int, iters_per_epoch: int) -> flo
 
 
 # ----------------------------------------------------------------------------------------- prefix
-
-
-@contextlib.contextmanager
-def _eval_mode(module: nn.Module) -> Iterator[None]:
-    """Eval mode for the block, then every submodule's own flag back."""
-    flags = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
 
 
 def _device(module: nn.Module) -> torch.device:
@@ -438,7 +425,7 @@ def module_outputs(module: nn.Module, prefix: Prefix, images: np.ndarray, arch: 
     device = _device(module)
     data = prefix.batches(images, np.zeros(len(images), dtype=np.int64), batch_size, device)
     logits, maps = [], []
-    with _eval_mode(module), torch.no_grad():
+    with eval_mode(module), torch.no_grad():
         for x, _ in data:
             h, z = module(prefix(x), arch)  # (B, C, H, W), (B, K)
             logits.append(z.cpu())

@@ -1,0 +1,57 @@
+"""Report the cascade's figures against the targets, from the evaluate stage's side-by-side run.
+
+    dvc repro evaluate && python -m bench.cascade_targets [--metrics metrics/evaluate.json]
+
+`evaluate` measures the cascade and every baseline in one process on the test split (accuracy,
+average MACs, batch-1 latency and batch-256 throughput of the cascade and of the largest static
+subnet, timed back to back), so ratios are not skewed by machine load between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--metrics", type=Path, default=Path("metrics/evaluate.json"))
+    args = p.parse_args(argv)
+    m = json.loads(args.metrics.read_text())
+    c, big, small, ts, orc = m["cascade"], m["largest_static"], m["smallest_static"], m["cascade_testset"], m["oracle"]
+    v, t = m["vs_largest_static"], m["timing"]
+    rows = [
+        ("cascade (predictor routing, calibrated)", c["accuracy"], c["mean_macs"]),
+        ("cascade (calib-set selection, claim 8)", ts["accuracy"], ts["mean_macs"]),
+        ("largest static subnet, no exits", big["accuracy"], big["mean_macs"]),
+        ("smallest static subnet, no exits", small["accuracy"], small["mean_macs"]),
+        ("oracle exit (lower bound on cost)", orc["accuracy"], orc["mean_macs"]),
+    ] + [(f"exit {e['exit']} alone", e["accuracy"], e["mean_macs"]) for e in m["each_exit"]]
+    print(f"{'model':42s} {'test acc':>9s} {'avg MACs':>12s}")
+    for name, acc, macs in rows:
+        print(f"{name:42s} {100 * acc:8.2f}% {macs:12,.0f}")
+    print(f"\nexit shares {c['exit_share']}; thresholds {[round(x, 4) for x in c['thresholds']]}")
+    print(f"cascade: {t['cascade']['latency_ms_b1_median']:.3f} ms/image at batch 1, "
+          f"{t['cascade']['throughput_b256']:.0f} images/s at batch 256")
+    print(f"largest static: {t['largest_static']['latency_ms_b1_median']:.3f} ms/image at batch 1, "
+          f"{t['largest_static']['throughput_b256']:.0f} images/s at batch 256")
+    checks = [
+        ("cascade accuracy >= 93.0%", c["accuracy"] >= 0.93, f"{100 * c['accuracy']:.2f}%"),
+        ("within 0.3 points of largest static", v["accuracy_gap_points"] <= 0.3,
+         f"gap {v['accuracy_gap_points']:+.2f} points"),
+        ("<= 30% of largest static's MACs", v["macs_share"] <= 0.30, f"{100 * v['macs_share']:.1f}%"),
+        ("batch-256 speed-up >= 0.8 x MACs ratio", v["speedup_over_macs_ratio"] >= 0.8,
+         f"{v['throughput_speedup_b256']:.2f}x vs {v['macs_ratio']:.2f}x ({v['speedup_over_macs_ratio']:.2f})"),
+        ("predictor routing beats calib-set selection", c["accuracy"] >= ts["accuracy"] and
+         c["mean_macs"] <= ts["mean_macs"],
+         f"{100 * (c['accuracy'] - ts['accuracy']):+.2f} points, {c['mean_macs'] - ts['mean_macs']:+,.0f} MACs"),
+    ]
+    print()
+    for name, ok, detail in checks:
+        print(f"[{'met' if ok else 'MISSED'}] {name}: {detail}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+import pytest
+
+from pipeline.config import ConfigError, DataConfig, GradeConfig, ModelConfig, deep_merge, load_params
+
+PARAMS = load_params("params.yaml")
+
+
+def test_default_params_load():
+    assert DataConfig.from_params(PARAMS).source == "fashion-mnist"
+    assert GradeConfig.from_params(PARAMS).levels == 3
+    model = ModelConfig.from_params(PARAMS)
+    assert model.names == ("m1", "m2", "m3") and model.specs[1].kind == "supernet"
+
+
+@pytest.mark.parametrize("override,message", [
+    ({"grade": {"curriculum": "reverse"}}, "grade.curriculum must be one of"),
+    ({"grade": {"folds": 1}}, "grade.folds must be in 2..20"),
+    ({"data": {"image_size": "big"}}, "data.image_size must be int"),
+    ({"data": {"max_train": 3}}, "data.max_train must be null or at least 20"),
+])
+def test_bad_values_name_their_key(override, message):
+    params = deep_merge(PARAMS, override)
+    with pytest.raises(ConfigError, match=message):
+        DataConfig.from_params(params)
+        GradeConfig.from_params(params)
+
+
+def test_bad_module_spec_names_the_module():
+    params = deep_merge(PARAMS, {"modules": {"m2": {"spec": {"kind": "supernet", "channels": 8, "ops": ["conv7"],
+                                                              "default_op": "conv7"}}}})
+    with pytest.raises(ConfigError, match="modules.m2.spec"):
+        ModelConfig.from_params(params)
+
+
+def test_modules_must_be_in_order():
+    params = dict(PARAMS)
+    params["modules"] = {"m2": PARAMS["modules"]["m2"], "m1": PARAMS["modules"]["m1"]}
+    with pytest.raises(ConfigError, match="m1..mK"):
+        ModelConfig.from_params(params)
+
+
+def test_deep_merge_does_not_mutate():
+    base = {"a": {"b": 1, "c": 2}}
+    merged = deep_merge(base, {"a": {"b": 5}})
+    assert merged == {"a": {"b": 5, "c": 2}} and base == {"a": {"b": 1, "c": 2}}
