@@ -23,11 +23,14 @@ def default_tracking_uri(root: str | os.PathLike[str]) -> str:
 
 
 def git_commit(root: str | os.PathLike[str]) -> str:
-    """The checked-out commit, with ``-dirty`` when tracked files have uncommitted changes."""
+    """The checked-out commit, with ``-dirty`` when tracked files (other than what ``dvc repro``
+    itself rewrites) have uncommitted changes."""
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        # dvc.lock and the metrics are rewritten by `dvc repro` itself: they do not make the code dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":(exclude)dvc.lock", ":(exclude)metrics"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
