@@ -24,8 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("cascade (predictor routing, calibrated)", c["accuracy"], c["mean_macs"]),
         ("cascade (calib-set selection, claim 8)", ts["accuracy"], ts["mean_macs"]),
-        ("largest static subnet, no exits", big["accuracy"], big["mean_macs"]),
+        ("largest static subnet (largest candidates)", big["accuracy"], big["mean_macs"]),
         ("smallest static subnet, no exits", small["accuracy"], small["mean_macs"]),
+        ("largest path of the whole space, no exits", m["space_largest_static"]["accuracy"],
+         m["space_largest_static"]["mean_macs"]),
+        ("smallest path of the whole space, no exits", m["space_smallest_static"]["accuracy"],
+         m["space_smallest_static"]["mean_macs"]),
         ("oracle exit (lower bound on cost)", orc["accuracy"], orc["mean_macs"]),
     ] + [(f"exit {e['exit']} alone", e["accuracy"], e["mean_macs"]) for e in m["each_exit"]]
     print(f"{'model':42s} {'test acc':>9s} {'avg MACs':>12s}")

@@ -25,16 +25,19 @@ from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 
 
-def static_stages(stages: list[Stage], costs: CostModel, largest: bool) -> list[Stage]:
-    """Every supernet on its most (or least) expensive path, no predictor, no early exit."""
+def static_stages(stages: list[Stage], costs: CostModel, which: str) -> list[Stage]:
+    """Every module on one fixed path, no predictor, no early exit. ``largest``/``smallest``: the most /
+    least expensive of the module's routing candidates (the subnets the cascade actually runs);
+    ``space_largest``/``space_smallest``: the most / least expensive path in the whole search space."""
     out = []
     for k, stage in enumerate(stages, start=1):
-        if isinstance(stage.module, SupernetModule):
+        if which.startswith("space_") and isinstance(stage.module, SupernetModule):
             table = costs.table["modules"][k - 1]["op_macs"]
-            pick = max if largest else min
+            pick = max if which == "space_largest" else min
             arch = stage.module.space.make({label: pick(ops, key=ops.get) for label, ops in table.items()})
         else:
-            arch = stage.candidates[0]
+            pairs = list(zip(stage.candidate_macs, stage.candidates, strict=True))
+            arch = (max(pairs, key=lambda p: p[0]) if which.endswith("largest") else min(pairs, key=lambda p: p[0]))[1]
         out.append(Stage(stage.module, (arch,), (costs.macs(k, arch),), float("inf")))
     return out
 
@@ -87,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         t_exits = all_exit_figures(testset_model.stages, x, y, kind)
         curve_testset = budget_curve(t_exits["_conf"], t_exits["_correct"], t_exits["_cum"])
         statics = {}
-        for name, largest in (("largest_static", True), ("smallest_static", False)):
-            stages = static_stages(main_model.stages, costs, largest)
+        for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static"):
+            stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))
             out = run_cascade(stages, x, confidence_kind=kind, batch_size=256)
             statics[name] = (stages, {"accuracy": float((out.pred.numpy() == y).mean()),
                                       "mean_macs": float(out.macs.float().mean()),

@@ -39,7 +39,7 @@ def test_outputs_and_metrics(tiny_repo):
         assert key in evaluate
     cascade = evaluate["cascade"]
     assert abs(sum(cascade["exit_share"]) - 1.0) < 1e-6
-    assert evaluate["oracle"]["mean_macs"] <= evaluate["largest_static"]["mean_macs"]
+    assert evaluate["oracle"]["mean_macs"] <= evaluate["space_largest_static"]["mean_macs"]
     for name in ("budget_curve.png", "anytime.png", "confusion.png", "budget_curve.csv"):
         assert (tiny_repo / "plots/evaluate" / name).exists()
 
