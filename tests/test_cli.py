@@ -3,7 +3,6 @@ from __future__ import annotations
 import json
 import sys
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,17 +11,6 @@ import torch
 from pipeline.cli import main, resolve_model_uri
 from pipeline.routing.package import collect_image_paths, load_cascade, recognize_files
 from tests.routing.test_package import save_tiny, write_image_files
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny tensors: intra-op threads only add spin-waits on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

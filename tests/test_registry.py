@@ -48,16 +48,6 @@ VENV_BIN = Path(sys.executable).parent
 CFG = RegisterConfig("tiny-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.set_num_threads(1)  # module fixtures run before the autouse one

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -36,17 +36,6 @@ CANDIDATES = (
     ),
     (Arch((("op@l1", "conv3"),)), Arch((("op@l1", "skip"),))),
 )
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tensors here are tiny: intra-op threads only add spin-waits (10x slower on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def images(n: int, seed: int) -> torch.Tensor:
