@@ -19,6 +19,13 @@ def _pyplot():
     return plt
 
 
+def _save(plt, fig, path: str | os.PathLike[str]) -> None:
+    """Write the figure as PNG atomically and free it."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
 def score_histogram(path: str | os.PathLike[str], scores: np.ndarray, levels: np.ndarray, bins: int = 50) -> None:
     """Difficulty score histogram, one colour per level."""
     plt = _pyplot()
@@ -32,9 +39,7 @@ def score_histogram(path: str | os.PathLike[str], scores: np.ndarray, levels: np
     ax.set_title("Difficulty score by level")
     ax.legend()
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def level_examples(path: str | os.PathLike[str], images: np.ndarray, labels: np.ndarray, levels: np.ndarray,
@@ -59,9 +64,7 @@ def level_examples(path: str | os.PathLike[str], images: np.ndarray, labels: np.
         axes[row, 0].text(-0.3, 0.5, f"L{level}", transform=axes[row, 0].transAxes, ha="right", va="center")
     fig.suptitle("Example training images per difficulty level (L1 easiest)", fontsize=9)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def pareto_plot(path: str | os.PathLike[str], rows: Sequence[dict], front: Sequence[dict], target: dict,
@@ -78,9 +81,7 @@ def pareto_plot(path: str | os.PathLike[str], rows: Sequence[dict], front: Seque
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def search_curves(path: str | os.PathLike[str], table, title: str) -> None:
@@ -95,9 +96,7 @@ def search_curves(path: str | os.PathLike[str], table, title: str) -> None:
         ax.set_xlabel("iteration")
     fig.suptitle(title)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def budget_plot(path: str | os.PathLike[str], curves: dict[str, Sequence[dict]], points: dict[str, dict]) -> None:
@@ -113,9 +112,7 @@ def budget_plot(path: str | os.PathLike[str], curves: dict[str, Sequence[dict]],
     ax.set_title("Budget curve")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def anytime_plot(path: str | os.PathLike[str], exits: Sequence[dict]) -> None:
@@ -130,9 +127,7 @@ def anytime_plot(path: str | os.PathLike[str], exits: Sequence[dict]) -> None:
     ax.set_ylabel("test accuracy")
     ax.set_title("Anytime curve: accuracy per exit")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def confusion_plot(path: str | os.PathLike[str], confusion: np.ndarray, classes: Sequence[str]) -> None:
@@ -151,6 +146,4 @@ def confusion_plot(path: str | os.PathLike[str], confusion: np.ndarray, classes:
     ax.set_ylabel("true")
     ax.set_title("Confusion matrix (test)")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
+    _save(plt, fig, path)
