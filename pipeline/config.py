@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-CURRICULA = ("cumulative", "exclusive", "all")
+CURRICULA = ("weighted", "cumulative", "exclusive", "all")
 SCORERS = ("pca-logreg", "knn")
 
 
@@ -142,6 +142,7 @@ class GradeConfig:
     max_iter: int
     knn_neighbors: int
     seed: int
+    level_weight: int = 2  # weighted curriculum: how often module k sees level k per epoch (others once)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> GradeConfig:
@@ -155,7 +156,9 @@ class GradeConfig:
             max_iter=_get(s, "max_iter", "grade", int, 200),
             knn_neighbors=_get(s, "knn_neighbors", "grade", int, 10),
             seed=_get(params, "seed", "(top level)", int, 0),
+            level_weight=_get(s, "level_weight", "grade", int, 2),
         )
+        _check(1 <= cfg.level_weight <= 10, "grade.level_weight", f"must be in 1..10, got {cfg.level_weight}")
         _check(cfg.scorer in SCORERS, "grade.scorer", f"must be one of {SCORERS}, got {cfg.scorer!r}")
         _check(cfg.curriculum in CURRICULA, "grade.curriculum", f"must be one of {CURRICULA}, got {cfg.curriculum!r}")
         _check(2 <= cfg.folds <= 20, "grade.folds", f"must be in 2..20, got {cfg.folds}")

@@ -74,3 +74,64 @@ def time_cascade(stages: Sequence[Stage], x: torch.Tensor, kind: str, *, batch1_
         run_cascade(stages, x, confidence_kind=kind, batch_size=big_batch)
         best = min(best, time.perf_counter() - start)
     return {"latency_ms_b1_median": statistics.median(singles), "throughput_b%d" % big_batch: len(x) / best}
+
+
+def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
+                    costs_of: Sequence[Sequence[int]] | None = None) -> list[dict[str, Any]]:
+    """Each routing candidate of each multi-candidate stage as a standalone exit: modules before it
+    as the cascade runs them, module k fixed to the candidate, no early exit. One row per candidate:
+    ``{"module", "path", "macs", "accuracy"}`` where ``macs`` is the mean cost of reaching that exit."""
+    rows = []
+    for k, stage in enumerate(stages):
+        if len(stage.candidates) < 2:
+            continue
+        for arch, macs in zip(stage.candidates, stage.candidate_macs, strict=True):
+            fixed = Stage(stage.module, (arch,), (macs,), float("inf"))
+            outs = run_all_exits([*stages[:k], fixed], x, confidence_kind=kind, batch_size=512)
+            rows.append({"module": k + 1, "path": arch.key(), "macs": float(outs["cum_macs"][:, -1].double().mean()),
+                         "accuracy": float((outs["pred"][:, -1].numpy() == labels).mean())})
+    return rows
+
+
+def target_checks(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Issue 9's targets read off one evaluate run: each with the figure measured and met or not."""
+    cascade, base = results["cascade"], results["baselines"]
+    two, fixed = base["two_cnn_cascade"], base["fixed_cascade"]
+    exit1 = results["each_exit"][0]
+    checks: dict[str, dict[str, Any]] = {
+        "exit1_accuracy_ge_0.895_at_le_2.0M_MACs": {
+            "measured": [exit1["accuracy"], exit1["mean_macs"]],
+            "met": exit1["accuracy"] >= 0.895 and exit1["mean_macs"] <= 2.0e6},
+        "cascade_accuracy_ge_0.93": {"measured": cascade["accuracy"], "met": cascade["accuracy"] >= 0.93},
+        "vs_two_cnn_cascade_le_0.5x_macs_at_ge_accuracy": {
+            "measured": [cascade["accuracy"] - two["accuracy"], cascade["mean_macs"] / two["mean_macs"]],
+            "met": cascade["accuracy"] >= two["accuracy"] and cascade["mean_macs"] <= 0.5 * two["mean_macs"]},
+        "vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy": {
+            "measured": [cascade["accuracy"] - fixed["accuracy"], cascade["mean_macs"] / fixed["mean_macs"]],
+            "met": (cascade["accuracy"] - fixed["accuracy"] >= 0.003 and cascade["mean_macs"] <= fixed["mean_macs"])
+            or (cascade["accuracy"] >= fixed["accuracy"] and cascade["mean_macs"] <= 0.8 * fixed["mean_macs"])},
+    }
+    cands = results.get("candidate_exits") or []
+    if cands:
+        worst = min(r["accuracy"] for r in cands)
+        checks["every_routing_candidate_ge_0.90"] = {"measured": worst, "met": worst >= 0.90}
+    big, default = results["space_largest_static"], results["default_static"]
+    checks["space_largest_path_ge_default_path"] = {
+        "measured": [big["accuracy"], default["accuracy"]], "met": big["accuracy"] >= default["accuracy"]}
+    return checks
+
+
+def comparison_table(results: dict[str, Any]) -> str:
+    """The cascade and every baseline of one evaluate run, one row each: test accuracy, mean MACs."""
+    b = results["baselines"]
+    rows = [("cascade (selected routing, calibrated)", results["cascade"]),
+            ("cascade, calib-set selection (claim 8)", results["cascade_testset"]),
+            ("fixed cascade: default paths, calibrated", b["fixed_cascade"]),
+            ("two plain CNNs, calibrated threshold", b["two_cnn_cascade"]),
+            ("plain small CNN", b["plain_small"]), ("plain large CNN", b["plain_large"]),
+            *((f"exit {e['exit']} alone", e) for e in results["each_exit"])]
+    lines = [f"{'model':44s} {'test acc':>9s} {'avg MACs':>12s}"]
+    lines += [f"{name:44s} {100 * r['accuracy']:8.2f}% {r['mean_macs']:12,.0f}" for name, r in rows]
+    for name, check in results.get("targets", {}).items():
+        lines.append(f"target {name}: {'met' if check['met'] else 'MISSED'} ({check['measured']})")
+    return "\n".join(lines)

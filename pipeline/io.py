@@ -111,3 +111,14 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def curriculum_index(ids: np.ndarray, wanted: list[str]) -> np.ndarray:
+    """Row index into ``ids`` of every line of a curriculum id list, repeats kept (a repeated id is
+    weighted), blank lines skipped. An id that is not in ``ids`` is an error naming it."""
+    position = {str(v): i for i, v in enumerate(ids)}
+    lines = [line for line in wanted if line.strip()]
+    missing = [line for line in lines if line not in position]
+    if missing:
+        raise ValueError(f"curriculum list names {len(missing)} id(s) not in the training split, e.g. {missing[:3]}")
+    return np.asarray([position[line] for line in lines], dtype=np.int64)

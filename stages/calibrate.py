@@ -1,7 +1,8 @@
 """Fit one exit threshold per module but the last on the `calib` split: least average MACs with
 accuracy within `delta` of sending every image to the last exit (or, in budget mode, the best
 accuracy with average MACs at most the budget). Writes the deployable cascade (model directory)
-for the selected routing and, as the claim-8 baseline, for static calib-set selection."""
+for the selected routing and, as baselines, for static calib-set selection (claim 8) and for the
+fixed cascade (every supernet on its default path, no predictor), all calibrated by the same rule."""
 
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
     p.add_argument("--out", type=Path, required=True, help="model directory of the calibrated cascade")
     p.add_argument("--out-testset", type=Path, required=True, help="model directory of the calib-set-selection baseline")
+    p.add_argument("--out-fixed", type=Path, required=True,
+                   help="model directory of the fixed-path baseline (every supernet on its default path)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--plots", type=Path, required=True, help="plots directory (the threshold sweep)")
     args = p.parse_args(argv)
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
     results, packages = {}, {}
     with stage_run("calibrate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"calibrate": cfg, "confidence": kind}) as run:
-        for routing, out in (("selected", args.out), ("testset", args.out_testset)):
+        for routing, out in (("selected", args.out), ("testset", args.out_testset), ("default", args.out_fixed)):
             stages, infos = load_stages(args.models, costs, routing=routing)
             cmeta = CascadeMeta(classes=tuple(meta["classes"]), image_shape=tuple(meta["image_shape"]),
                                 mean=infos[0].mean, std=infos[0].std, confidence_kind=kind)

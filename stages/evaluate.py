@@ -13,8 +13,17 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pipeline.baselines import evaluate_baselines, load_baselines, two_cnn_budget_curve
 from pipeline.config import TrackingConfig
-from pipeline.evaluation import all_exit_figures, budget_curve, cascade_summary, time_cascade
+from pipeline.evaluation import (
+    all_exit_figures,
+    budget_curve,
+    candidate_exits,
+    cascade_summary,
+    comparison_table,
+    target_checks,
+    time_cascade,
+)
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel
@@ -28,10 +37,13 @@ from stages.common import cli, params_of, parser
 def static_stages(stages: list[Stage], costs: CostModel, which: str) -> list[Stage]:
     """Every module on one fixed path, no predictor, no early exit. ``largest``/``smallest``: the most /
     least expensive of the module's routing candidates (the subnets the cascade actually runs);
-    ``space_largest``/``space_smallest``: the most / least expensive path in the whole search space."""
+    ``space_largest``/``space_smallest``: the most / least expensive path in the whole search space;
+    ``default``: every supernet on its spec's default path."""
     out = []
     for k, stage in enumerate(stages, start=1):
-        if which.startswith("space_") and isinstance(stage.module, SupernetModule):
+        if which == "default":
+            arch = stage.module.default_arch()
+        elif which.startswith("space_") and isinstance(stage.module, SupernetModule):
             table = costs.table["modules"][k - 1]["op_macs"]
             pick = max if which == "space_largest" else min
             arch = stage.module.space.make({label: pick(ops, key=ops.get) for label, ops in table.items()})
@@ -62,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
     p.add_argument("--model", type=Path, required=True, help="calibrated cascade (model directory)")
     p.add_argument("--model-testset", type=Path, required=True, help="calib-set-selection cascade")
+    p.add_argument("--model-fixed", type=Path, required=True,
+                   help="fixed-path cascade (supernets on their default path, no predictors)")
+    p.add_argument("--baselines", type=Path, required=True, help="plain CNN baselines (written by the baselines stage)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--plots", type=Path, required=True, help="plots directory")
     p.add_argument("--batch1-images", type=int, default=300, help="images timed one by one (default 300)")
@@ -70,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     costs = CostModel(read_json(args.profile))
     test = load_split(args.data, "test")
     main_model, testset_model = load_cascade(args.model), load_cascade(args.model_testset)
+    fixed_model, plain = load_cascade(args.model_fixed), load_baselines(args.baselines)
     meta = main_model.meta
     kind, n_classes = meta.confidence_kind, len(meta.classes)
     x, y = preprocess(test.images, meta), test.labels
@@ -90,7 +106,20 @@ def main(argv: list[str] | None = None) -> None:
         t_exits = all_exit_figures(testset_model.stages, x, y, kind)
         curve_testset = budget_curve(t_exits["_conf"], t_exits["_correct"], t_exits["_cum"])
         statics = {}
-        for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static"):
+        f_exits = all_exit_figures(fixed_model.stages, x, y, kind)
+        curve_fixed = budget_curve(f_exits["_conf"], f_exits["_correct"], f_exits["_cum"])
+        fixed = cascade_summary(run_cascade(fixed_model.stages, x, confidence_kind=kind, batch_size=256), y,
+                                n_classes, None)
+        results["baselines"] = {
+            **evaluate_baselines(plain, test.images, y),
+            "fixed_cascade": {"accuracy": fixed["accuracy"], "mean_macs": fixed["mean_macs"],
+                              "exit_share": fixed["exit_share"],
+                              "thresholds": [s.threshold for s in fixed_model.stages[:-1]],
+                              "each_exit": f_exits["exits"]}}
+        curve_two_cnn = two_cnn_budget_curve(plain, test.images, y)
+        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind)
+        for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static",
+                     "default_static"):
             stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))
             out = run_cascade(stages, x, confidence_kind=kind, batch_size=256)
             statics[name] = (stages, {"accuracy": float((out.pred.numpy() == y).mean()),
@@ -110,16 +139,19 @@ def main(argv: list[str] | None = None) -> None:
             "throughput_speedup_b256": speedup, "speedup_over_macs_ratio": speedup / macs_ratio,
             "latency_speedup_b1": timing["largest_static"]["latency_ms_b1_median"]
             / timing["cascade"]["latency_ms_b1_median"]}
+        results["targets"] = target_checks(results)
         write_json(args.metrics, results)
         with atomic_path(args.plots, is_dir=True) as tmp:
-            pd.DataFrame(curve).assign(routing="predictor").pipe(
-                lambda d: pd.concat([d, pd.DataFrame(curve_testset).assign(routing="testset")])).to_csv(
+            curves = {"cascade (selected routing)": curve, "cascade, calib-set selection": curve_testset,
+                      "fixed cascade (default paths)": curve_fixed, "two plain CNNs": curve_two_cnn}
+            pd.concat([pd.DataFrame(rows).assign(model=name) for name, rows in curves.items()]).to_csv(
                 tmp / "budget_curve.csv", index=False)
             pd.DataFrame(results["each_exit"]).to_csv(tmp / "anytime.csv", index=False)
-            points = {"cascade (calibrated)": cascade, "cascade, calib-set selection": results["cascade_testset"],
-                      "largest static": big, "smallest static": results["smallest_static"], "oracle": exits["oracle"]}
-            budget_plot(tmp / "budget_curve.png", {"predictor routing": curve, "calib-set selection": curve_testset},
-                        points)
+            b = results["baselines"]
+            points = {"cascade (calibrated)": cascade, "fixed cascade (calibrated)": b["fixed_cascade"],
+                      "two plain CNNs (calibrated)": b["two_cnn_cascade"], "plain small CNN": b["plain_small"],
+                      "plain large CNN": b["plain_large"], "largest static": big, "oracle": exits["oracle"]}
+            budget_plot(tmp / "budget_curve.png", curves, points)
             anytime_plot(tmp / "anytime.png", results["each_exit"])
             confusion_plot(tmp / "confusion.png", np.array(cascade["confusion"]), meta.classes)
         run.log_metrics({"test_accuracy": cascade["accuracy"], "test_mean_macs": cascade["mean_macs"],
@@ -128,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                          **{f"vs_largest_{k}": v for k, v in results["vs_largest_static"].items()}})
         run.log_artifact(args.metrics)
         run.log_artifact(args.plots, "plots")
+    print(comparison_table(results))
     v = results["vs_largest_static"]
     print(f"evaluate: cascade {cascade['accuracy']:.4f} at {cascade['mean_macs']:,.0f} MACs (exits "
           f"{cascade['exit_share']}); largest static {big['accuracy']:.4f} at {big['mean_macs']:,.0f}; "

@@ -12,7 +12,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from pipeline.config import GradeConfig, TrackingConfig
-from pipeline.data.grading import curriculum_levels, grade
+from pipeline.data.grading import grade
 from pipeline.data.validation import validate_grading
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.plots import level_examples, score_histogram
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
         with atomic_path(args.out, is_dir=True) as tmp:
             scores.to_csv(tmp / "scores.csv", index=False, float_format="%.6f")
             for module in range(1, cfg.levels + 1):
-                ids = grading.module_ids(module, cfg.levels, cfg.curriculum)
+                ids = grading.module_ids(module, cfg.levels, cfg.curriculum, cfg.level_weight)
                 (tmp / f"module_{module}.txt").write_text("\n".join(ids.astype(str)) + "\n")
             with open(tmp / "grader.pkl", "wb") as fh:
                 pickle.dump(model, fh)
@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> None:
         summary = grading.level_summary(len(classes))
         modules = []
         for module in range(1, cfg.levels + 1):
-            mask = np.isin(grading.levels, curriculum_levels(module, cfg.levels, cfg.curriculum))
-            modules.append({"module": module, "count": int(mask.sum()),
-                            "mean_score": float(grading.scores[mask].mean())})
+            ids = grading.module_ids(module, cfg.levels, cfg.curriculum, cfg.level_weight)
+            scores_of = pd.Series(grading.scores, index=grading.ids.astype(str))
+            modules.append({"module": module, "count": int(len(ids)), "distinct": int(len(np.unique(ids))),
+                            "mean_score": float(scores_of.loc[ids.astype(str)].mean())})
         metrics = {"levels": summary, "modules": modules, "curriculum": cfg.curriculum,
                    "mean_score": float(grading.scores.mean())}
         write_json(args.metrics, metrics)

@@ -15,12 +15,12 @@ from pipeline.config import ConfigError, TrackingConfig, section
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
+from pipeline.routing.assemble import load_prefix
 from pipeline.routing.predictor import Predictor, predictor_macs, train_predictor
-from pipeline.routing.rules import predictor_labels
+from pipeline.routing.rules import predictor_labels, predictor_pays
 from pipeline.search.space import Arch
 from pipeline.tracking import stage_run
 from stages.common import StageFailed, cli, params_of, parser
-from pipeline.routing.assemble import load_prefix
 from stages.train import train_config
 
 MODES = ("predictor", "testset")
@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     if mode not in MODES:
         raise ConfigError(f"params: select.mode must be one of {MODES}, got {mode!r}")
     hidden, epochs, max_share = int(s.get("hidden", 16)), int(s.get("epochs", 30)), float(s.get("max_macs_share", 0.05))
+    fallback_tolerance = float(s.get("fallback_tolerance", 0.0))
     seed = int(params.get("seed", 0))
     lambda_c = train_config(params, name, seed).lambda_c
     costs = CostModel(read_json(args.profile))
@@ -105,6 +106,13 @@ def main(argv: list[str] | None = None) -> None:
             share = np.bincount(labels.numpy(), minlength=len(archs)) / len(labels)
             selection["predictor"] = {"in_channels": int(route_h.shape[1]), "num_candidates": len(archs),
                                       "hidden": hidden, "pool": 1, "macs": p_macs}
+            held_static = r_correct[n_fit:, static].float().mean().item()
+            held_macs = float(torch.tensor(macs, dtype=torch.float64)[held_choice].mean()) + p_macs
+            keep = predictor_pays(routed_right, held_macs, held_static, macs[static], fallback_tolerance)
+            if not keep:  # degrade gracefully: the static choice serves, the predictor stays for ablations
+                selection["mode"] = "testset"
+            metrics.update({"predictor_used": keep, "static_acc_heldout": held_static,
+                            "predictor_mean_macs_heldout": held_macs})
             metrics.update({"predictor_label_acc_heldout": held_acc, "predictor_routed_acc_heldout": routed_right,
                             "predictor_macs": p_macs, "predictor_macs_share": p_macs / min(macs),
                             "label_share": share.round(4).tolist(),
@@ -113,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
         write_json(args.metrics, metrics)
         run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
         run.set_tags({"selection_mode": selection["mode"]})
+    if selection["predictor"] and not metrics["predictor_used"]:
+        print(f"select@{name}: predictor routing {metrics['predictor_routed_acc_heldout']:.4f} at "
+              f"{metrics['predictor_mean_macs_heldout']:,.0f} MACs does not pay against the static choice "
+              f"{metrics['static_acc_heldout']:.4f} at {metrics['static_macs']:,} MACs on held-out route: static serves")
     print(f"select@{name}: mode {selection['mode']}, {len(archs)} candidates, static {selection['static'] or '(fixed)'}"
           + (f", predictor label acc {metrics['predictor_label_acc_heldout']:.3f} (held-out route), "
              f"{metrics['predictor_macs']:,} MACs" if selection["predictor"] else ""))

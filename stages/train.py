@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 
 from pipeline.config import ConfigError, ModelConfig, TrackingConfig, deep_merge, section
-from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.io import atomic_path, curriculum_index, load_split, read_json, write_json
 from pipeline.models.modules import build_module
 from pipeline.models.profile import CostModel
 from pipeline.models.store import ModuleInfo, save_module
@@ -52,8 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     costs = CostModel(read_json(args.profile))
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
-    wanted = set((args.graded / f"module_{k}.txt").read_text().split())
-    subset = train.subset(np.flatnonzero(np.isin(train.ids, list(wanted))))
+    subset = train.subset(curriculum_index(train.ids, (args.graded / f"module_{k}.txt").read_text().splitlines()))
     if k == 1:  # normalisation statistics of the training images; later modules inherit them from m1
         pixels = train.images.astype(np.float32) / 255.0
         mean = tuple(pixels.mean(axis=(0, 2, 3)).round(4).tolist())

@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from pipeline.evaluation import budget_curve, cascade_summary
+from pipeline.evaluation import budget_curve, cascade_summary, target_checks
 from pipeline.routing.engine import CascadeOutput
 
 
@@ -24,3 +24,26 @@ def test_budget_curve_ends_at_first_and_last_exit():
     rows = budget_curve(conf, correct, cum, points=11)
     assert rows[0]["mean_macs"] == 1.0 and abs(rows[0]["accuracy"] - 1 / 3) < 1e-12  # t = 0: all leave at exit 1
     assert rows[-1]["mean_macs"] == 3.0 and rows[-1]["accuracy"] == 1.0  # t = 1: nobody leaves early
+
+
+def _results(cascade_acc: float, cascade_macs: float, fixed_acc: float, fixed_macs: float) -> dict:
+    point = lambda a, m: {"accuracy": a, "mean_macs": m}  # noqa: E731
+    return {"cascade": point(cascade_acc, cascade_macs),
+            "each_exit": [{"exit": 1, **point(0.90, 1.9e6)}],
+            "baselines": {"two_cnn_cascade": point(0.92, 8e6), "fixed_cascade": point(fixed_acc, fixed_macs)},
+            "candidate_exits": [{"accuracy": 0.91}, {"accuracy": 0.89}],
+            "space_largest_static": point(0.93, 9e6), "default_static": point(0.925, 7e6)}
+
+
+def test_target_checks_read_each_target_off_the_results():
+    checks = target_checks(_results(0.931, 3.5e6, 0.927, 3.6e6))
+    assert checks["exit1_accuracy_ge_0.895_at_le_2.0M_MACs"]["met"]
+    assert checks["cascade_accuracy_ge_0.93"]["met"]
+    assert checks["vs_two_cnn_cascade_le_0.5x_macs_at_ge_accuracy"]["met"]
+    assert checks["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]["met"]  # +0.4 pt
+    assert not checks["every_routing_candidate_ge_0.90"]["met"]
+    assert checks["space_largest_path_ge_default_path"]["met"]
+    worse = target_checks(_results(0.929, 4.5e6, 0.929, 5.0e6))  # equal accuracy at 0.9x MACs: not enough
+    assert not worse["cascade_accuracy_ge_0.93"]["met"]
+    assert not worse["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]["met"]
+    assert not worse["vs_two_cnn_cascade_le_0.5x_macs_at_ge_accuracy"]["met"]

@@ -62,15 +62,30 @@ def assign_levels(scores: np.ndarray, ids: np.ndarray, levels: int) -> np.ndarra
     return (ranks * levels // len(scores)) + 1
 
 
+def curriculum_repeats(module: int, n_modules: int, mode: str, level_weight: int = 2) -> tuple[int, ...]:
+    """How many times module ``module`` (1-based) sees each level's images per epoch (0: never).
+
+    ``weighted``: every level once, the module's own level ``level_weight`` times (easier data stays
+    weighted nearer the input, and no module is starved of any class); ``all``: every level once;
+    ``cumulative``: levels 1..module; ``exclusive``: the module's own level only.
+    """
+    if mode == "weighted":
+        if level_weight < 1:
+            raise ValueError(f"level_weight must be >= 1, got {level_weight}")
+        return tuple(level_weight if level == module else 1 for level in range(1, n_modules + 1))
+    if mode == "cumulative":
+        return tuple(int(level <= module) for level in range(1, n_modules + 1))
+    if mode == "exclusive":
+        return tuple(int(level == module) for level in range(1, n_modules + 1))
+    if mode == "all":
+        return (1,) * n_modules
+    raise ValueError(f"unknown curriculum {mode!r}")
+
+
 def curriculum_levels(module: int, n_modules: int, mode: str) -> tuple[int, ...]:
     """Levels that module ``module`` (1-based) trains on, given ``n_modules`` levels."""
-    if mode == "cumulative":
-        return tuple(range(1, module + 1))
-    if mode == "exclusive":
-        return (module,)
-    if mode == "all":
-        return tuple(range(1, n_modules + 1))
-    raise ValueError(f"unknown curriculum {mode!r}")
+    repeats = curriculum_repeats(module, n_modules, mode)
+    return tuple(level for level, r in enumerate(repeats, start=1) if r > 0)
 
 
 @dataclass(frozen=True)
@@ -80,9 +95,10 @@ class Grading:
     scores: np.ndarray
     levels: np.ndarray
 
-    def module_ids(self, module: int, n_modules: int, mode: str) -> np.ndarray:
-        wanted = curriculum_levels(module, n_modules, mode)
-        return self.ids[np.isin(self.levels, wanted)]
+    def module_ids(self, module: int, n_modules: int, mode: str, level_weight: int = 2) -> np.ndarray:
+        """Module ``module``'s training ids in id order, each repeated as often as its level is weighted."""
+        repeats = np.asarray((0, *curriculum_repeats(module, n_modules, mode, level_weight)))
+        return np.repeat(self.ids, repeats[self.levels])
 
     def level_summary(self, n_classes: int) -> list[dict]:
         out = []

@@ -19,6 +19,7 @@ from pipeline.models.ops import OPS, ConvBNReLU, make_op
 from pipeline.search.space import Arch, Decision, SearchSpace
 
 KINDS = ("fixed", "supernet")
+HEADS = ("pool_mlp", "gap")
 CONFIDENCE_KINDS = ("maxprob", "margin")
 NO_ARCH = Arch()  # the only architecture of a module without decisions (immutable)
 
@@ -33,6 +34,9 @@ class ModuleSpec:
     layers: int = 1
     ops: tuple[str, ...] = ()
     default_op: str = ""
+    head: str = "pool_mlp"  # pool_mlp: pool to head_grid x head_grid + hidden layer | gap: global pool + linear
+    head_grid: int = 4
+    head_hidden: int = 128  # 0: no hidden layer (pooled grid straight into the classifier)
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, (list, str)):
@@ -72,6 +76,12 @@ def _check_module_spec(spec: ModuleSpec) -> None:
         raise ValueError(f"ModuleSpec.stride must be 1 or 2, got {spec.stride!r}")
     if not _is_int(spec.layers) or spec.layers < 0:
         raise ValueError(f"ModuleSpec.layers must be an int >= 0, got {spec.layers!r}")
+    if spec.head not in HEADS:
+        raise ValueError(f"ModuleSpec.head must be one of {HEADS}, got {spec.head!r}")
+    if not _is_int(spec.head_grid) or spec.head_grid < 1:
+        raise ValueError(f"ModuleSpec.head_grid must be an int >= 1, got {spec.head_grid!r}")
+    if not _is_int(spec.head_hidden) or spec.head_hidden < 0:
+        raise ValueError(f"ModuleSpec.head_hidden must be an int >= 0, got {spec.head_hidden!r}")
     if spec.kind == "fixed":
         if spec.ops or spec.default_op:
             raise ValueError(
@@ -96,15 +106,39 @@ def _check_module_spec(spec: ModuleSpec) -> None:
 
 
 class ExitHead(nn.Module):
-    """Global average pool + linear: the cheapest head that still sees the whole feature map."""
+    """Exit classifier on a module's feature map (B, C, H, W) -> logits (B, num_classes).
 
-    def __init__(self, channels: int, num_classes: int) -> None:
+    ``pool_mlp`` (default): adaptive average pool to ``grid x grid`` (keeps where things are), then a
+    hidden layer of ``hidden`` units (ReLU) and a linear classifier; ``hidden=0`` goes
+    straight from the pooled grid to the classifier. ``gap`` (ablation): global average pool +
+    linear, which capped exit 1 near 80% on Fashion-MNIST (README).
+    """
+
+    def __init__(self, channels: int, num_classes: int, kind: str = "gap", grid: int = 4,
+                 hidden: int = 0) -> None:
         super().__init__()
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(channels, num_classes)
+        if kind not in HEADS:
+            raise ValueError(f"exit head kind must be one of {HEADS}, got {kind!r}")
+        grid = 1 if kind == "gap" else grid
+        hidden = 0 if kind == "gap" else hidden
+        self.pool = nn.AdaptiveAvgPool2d(grid)
+        features = channels * grid * grid
+        if hidden > 0:
+            # No BatchNorm here: a supernet's paths share the head, and one set of running statistics
+            # over every path's features would fit none of them.
+            self.hidden: nn.Module = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(inplace=True))
+            features = hidden
+        else:
+            self.hidden = nn.Identity()
+        self.fc = nn.Linear(features, num_classes)
+
+    @classmethod
+    def of(cls, spec: ModuleSpec, num_classes: int) -> ExitHead:
+        return cls(spec.channels, num_classes, spec.head, spec.head_grid, spec.head_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.flatten(self.pool(x), 1))  # (B, num_classes)
+        h = torch.flatten(self.pool(x), 1)  # (B, C * grid^2)
+        return self.fc(self.hidden(h))  # (B, num_classes)
 
 
 class Subnet(nn.Module):
@@ -141,7 +175,7 @@ class FixedModule(nn.Module):
         self.space = SearchSpace()
         self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
         self.layers = nn.ModuleList(make_op("conv3", spec.channels) for _ in range(spec.layers))
-        self.head = ExitHead(spec.channels, num_classes)
+        self.head = ExitHead.of(spec, num_classes)
 
     def default_arch(self) -> Arch:
         return NO_ARCH
@@ -176,7 +210,7 @@ class SupernetModule(nn.Module):
         self.layers = nn.ModuleList(
             nn.ModuleDict({op: make_op(op, spec.channels) for op in spec.ops}) for _ in range(spec.layers)
         )
-        self.head = ExitHead(spec.channels, num_classes)
+        self.head = ExitHead.of(spec, num_classes)
 
     def default_arch(self) -> Arch:
         return self.space.make({label: self.spec.default_op for label in self.space.labels})

@@ -15,19 +15,20 @@ from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
 from pipeline.train.loop import Prefix
 
-ROUTINGS = ("selected", "predictor", "testset")
+ROUTINGS = ("selected", "predictor", "testset", "default")
 
 
 def load_stage(models: Path, k: int, costs: CostModel, routing: str = "selected",
                threshold: float = float("inf")) -> tuple[Stage, ModuleInfo]:
     """Module k as an engine stage. ``routing``: what its select stage chose (``selected``), per-image
-    predictor routing where available (``predictor``), or the static calib-set choice (``testset``).
+    predictor routing where available (``predictor``), the static calib-set choice (``testset``), or
+    the spec's default path whatever was selected (``default``: the fixed-path baseline).
     Before selection exists, the module runs its default path."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {ROUTINGS}, got {routing!r}")
     module, info = load_module(models / f"m{k}" / "train")
     select_path = models / f"m{k}" / "select" / "selection.json"
-    if not select_path.exists():
+    if routing == "default" or not select_path.exists():
         arch = module.default_arch()
         return Stage(module, (arch,), (costs.macs(k, arch),), threshold), info
     selection = read_json(select_path)

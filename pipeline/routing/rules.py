@@ -61,3 +61,16 @@ def predictor_labels(correct: torch.Tensor, p_true: torch.Tensor, costs: Sequenc
     cheapest_right = torch.argmin(masked, dim=1)  # (B,) first minimum: lower index wins ties
     most_likely = torch.argmax(p_true, dim=1)  # (B,)
     return torch.where(correct.any(dim=1), cheapest_right, most_likely)  # (B,)
+
+
+def predictor_pays(routed_acc: float, routed_macs: float, static_acc: float, static_macs: float,
+                   tolerance: float = 0.0) -> bool:
+    """Whether per-image routing is worth deploying over the static choice, on held-out data.
+
+    It pays when it loses at most ``tolerance`` (a fraction) of accuracy and is either no more
+    expensive or strictly more accurate. Any larger loss is refused whatever it saves, so a router
+    that learned little degrades to the static choice instead of taking the cascade down with it.
+    """
+    if routed_acc < static_acc - tolerance:
+        return False
+    return routed_macs <= static_macs or routed_acc > static_acc

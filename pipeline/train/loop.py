@@ -29,7 +29,7 @@ from tqdm import tqdm
 from pipeline.io import atomic_path
 from pipeline.models.modules import NO_ARCH, SupernetModule, confidence, eval_mode
 from pipeline.search.probmodel import ProbModel, entropy_pick, model_mi, plain_pick, supernet_step_loss
-from pipeline.search.space import Arch
+from pipeline.search.space import Arch, SearchSpace
 from pipeline.train.data import ImageBatches
 from pipeline.train.losses import cost_aware_loss
 
@@ -77,6 +77,8 @@ class TrainConfig:
     beta: float = 0.01
     mi_eps: float = 1e-3
     lambda_c: float = 0.1  # cost weight in perf
+    sandwich: bool = False  # supernets: also train the largest and the smallest path on every batch
+    distill: float = 0.0  # supernets with sandwich: weight of in-place distillation from the largest path
 
     def __post_init__(self) -> None:
         for problem in _config_problems(self):
@@ -118,6 +120,9 @@ def _config_problems(c: TrainConfig) -> Iterator[str]:
         ("beta", _is_number(c.beta) and c.beta >= 0, "a number >= 0"),
         ("mi_eps", _is_number(c.mi_eps) and c.mi_eps > 0, "a number > 0"),
         ("lambda_c", _is_number(c.lambda_c) and c.lambda_c >= 0, "a number >= 0"),
+        ("sandwich", isinstance(c.sandwich, bool), "a bool"),
+        ("distill", _is_number(c.distill) and c.distill >= 0 and (c.distill == 0 or c.sandwich is True),
+         "a number >= 0, and 0 unless sandwich is on (the largest path is the teacher)"),
     ]
     for name, ok, wanted in checks:
         if not ok:
@@ -198,6 +203,7 @@ class _LossParams:
     label_smoothing: float
     lambda_c: float
     costs: dict[Arch, float] = field(default_factory=dict)  # cost_of may run a model: price each arch once
+    extremes: tuple[Arch, Arch] = (NO_ARCH, NO_ARCH)  # (largest, smallest) path of a supernet
 
     def cost(self, arch: Arch) -> float:
         if arch not in self.costs:
@@ -211,10 +217,19 @@ class _Chunk:
     ce: torch.Tensor  # () plain cross-entropy, differentiable (perf uses it)
     correct: torch.Tensor  # () count, detached
     bce: float
+    logits: torch.Tensor  # (b, K), detached
 
 
-def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch, p: _LossParams) -> _Chunk:
-    """Cost-aware loss of one chunk through one path (plus label smoothing, if any)."""
+def distillation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """KL(softmax(teacher) || softmax(student)), mean over the batch; the teacher is not trained by it."""
+    return F.kl_div(F.log_softmax(student, dim=-1), F.log_softmax(teacher.detach(), dim=-1), log_target=True,
+                    reduction="batchmean")
+
+
+def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch, p: _LossParams,
+                teacher: torch.Tensor | None = None, distill: float = 0.0) -> _Chunk:
+    """Cost-aware loss of one chunk through one path (plus label smoothing, if any, and in-place
+    distillation from ``teacher`` logits (b, K) with weight ``distill``)."""
     _, logits = module(x, arch)  # (b, K)
     cost = p.cost(arch)
     loss, parts = cost_aware_loss(logits, y, cost, p.cost_max, p.exit_saving, p.lam, p.mu)
@@ -224,8 +239,10 @@ def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch,
         uniform_ce = -F.log_softmax(logits, dim=-1).mean(dim=-1).mean()
         weight = 1.0 + p.lam * (1.0 - min(max(cost / p.cost_max, 0.0), 1.0))
         loss = loss + p.label_smoothing * weight * (uniform_ce - ce)
+    if teacher is not None and distill > 0:
+        loss = loss + distill * distillation_loss(logits, teacher)
     correct = (logits.argmax(dim=-1) == y).sum().detach()
-    return _Chunk(loss, ce, correct, parts["bce"])
+    return _Chunk(loss, ce, correct, parts["bce"], logits.detach())
 
 
 def _pick(cfg: TrainConfig, model: ProbModel, rng: np.random.Generator) -> list[Arch]:
@@ -242,20 +259,48 @@ class _StepOut:
     model: ProbModel | None  # P(i), detached (probmodel sampler)
 
 
+def extreme_archs(space: SearchSpace, cost_of: Callable[[Arch], float]) -> tuple[Arch, Arch]:
+    """The most and the least expensive path of ``space`` under an additive ``cost_of``: per layer,
+    the op that costs most (least) with every other layer held at its first choice."""
+    base = {d.label: d.choices[0] for d in space.decisions}
+    largest, smallest = {}, {}
+    for d in space.decisions:
+        priced = [(cost_of(space.make({**base, d.label: op})), i, op) for i, op in enumerate(d.choices)]
+        largest[d.label] = max(priced, key=lambda t: (t[0], -t[1]))[2]
+        smallest[d.label] = min(priced)[2]
+    return space.make(largest), space.make(smallest)
+
+
+def _sandwich(module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
+              p: _LossParams) -> tuple[torch.Tensor | None, list[_Chunk]]:
+    """Sandwich rule: the largest and the smallest path on the whole batch (the smallest distilled
+    from the largest). Returns the teacher's logits (B, K) and the two chunks (empty when off)."""
+    if not cfg.sandwich:
+        return None, []
+    largest, smallest = p.extremes
+    top = _chunk_loss(module, x, y, largest, p)
+    bottom = _chunk_loss(module, x, y, smallest, p, top.logits, cfg.distill)
+    return top.logits, [top, bottom]
+
+
 def _supernet_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor, archs: Sequence[Arch],
                    prev: ProbModel | None, cfg: TrainConfig, p: _LossParams) -> _StepOut:
-    """Chunk j of the batch through arch j; method B's loss and P(i) when ``prev`` is given."""
+    """Chunk j of the batch through arch j; method B's loss and P(i) when ``prev`` is given; the
+    sandwich paths (if on) add their losses to the weights' loss but never feed the MLE."""
     n = min(len(archs), x.shape[0])
     archs = list(archs[:n])
-    chunks = [_chunk_loss(module, xj, yj, a, p)
-              for xj, yj, a in zip(x.tensor_split(n), y.tensor_split(n), archs, strict=True)]
+    teacher, extra = _sandwich(module, x, y, cfg, p)
+    teachers = [None] * n if teacher is None else list(teacher.tensor_split(n))
+    chunks = [_chunk_loss(module, xj, yj, a, p, tj, cfg.distill)
+              for xj, yj, a, tj in zip(x.tensor_split(n), y.tensor_split(n), archs, teachers, strict=True)]
     task = torch.stack([c.loss for c in chunks])  # (m,)
+    sandwich_loss = sum((c.loss for c in extra), torch.zeros((), device=x.device))
     cost = torch.tensor([p.cost(a) / p.cost_max for a in archs], dtype=torch.float64, device=x.device)
     perf = -torch.stack([c.ce for c in chunks]).double() - p.lambda_c * cost  # (m,) differentiable
     best, mean = torch.stack([perf.detach().max(), perf.detach().mean()]).tolist()
     info: dict[str, Any] = {"best_perf": best, "mean_perf": mean}
     if prev is None:
-        return _StepOut(task.mean(), chunks, info, None)
+        return _StepOut(task.mean() + sandwich_loss, chunks, info, None)
     loss, new, step_info = supernet_step_loss(task, perf, prev, archs, temperature=cfg.temperature,
                                               smoothing=cfg.smoothing, step=cfg.step, beta=cfg.beta,
                                               eps=cfg.mi_eps)
@@ -266,7 +311,7 @@ def _supernet_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor, archs: S
     info.update(entropy=step_info["entropy"], mi=math.nan if mi is None else mi,
                 mi_loss=math.nan if step_info["mi_loss"] is None else step_info["mi_loss"],
                 task_loss=step_info["task_loss"], most_likely=new.most_likely().key())
-    return _StepOut(loss, chunks, info, new)
+    return _StepOut(loss + sandwich_loss, chunks, info, new)
 
 
 def _forward_step(module: nn.Module, h: torch.Tensor, y: torch.Tensor, model: ProbModel | None,
@@ -367,7 +412,9 @@ def train_module(
     data = prefix.batches(images, labels, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
                           flip=cfg.flip, drop_last=True, seed=cfg.seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # arch picks: own stream
-    params = _LossParams(cost_of, cost_max, exit_saving, cfg.lam, cfg.mu, cfg.label_smoothing, cfg.lambda_c)
+    extremes = extreme_archs(module.space, cost_of) if supernet else (NO_ARCH, NO_ARCH)
+    params = _LossParams(cost_of, cost_max, exit_saving, cfg.lam, cfg.mu, cfg.label_smoothing, cfg.lambda_c,
+                         extremes=extremes)
     model = ProbModel.uniform(module.space) if supernet and cfg.sampler == "probmodel" else None
     optimizer = _optimizer(module, cfg)
     history: list[dict[str, Any]] = []

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from pipeline.config import GradeConfig
-from pipeline.data.grading import assign_levels, curriculum_levels, grade
+from pipeline.data.grading import Grading, assign_levels, curriculum_levels, curriculum_repeats, grade
 from pipeline.data.sources import load_digits
 from pipeline.data.validation import validate_grading
 
@@ -26,6 +26,21 @@ def test_levels_are_equal_size_and_ordered():
                                            ("all", [(1, 2, 3)] * 3)])
 def test_curriculum_levels(mode, expected):
     assert [curriculum_levels(k, 3, mode) for k in (1, 2, 3)] == expected
+
+
+def test_weighted_curriculum_sees_every_level_and_its_own_most():
+    assert [curriculum_repeats(k, 3, "weighted", 3) for k in (1, 2, 3)] == [(3, 1, 1), (1, 3, 1), (1, 1, 3)]
+    assert curriculum_levels(1, 3, "weighted") == (1, 2, 3)
+    with pytest.raises(ValueError, match="level_weight"):
+        curriculum_repeats(1, 3, "weighted", 0)
+
+
+def test_module_ids_repeat_the_weighted_level():
+    ids = np.array(["a", "b", "c", "d"])
+    grading = Grading(ids, np.zeros(4, int), np.array([0.1, 0.5, 0.9, 0.2]), np.array([1, 2, 3, 1]))
+    assert grading.module_ids(1, 3, "weighted", 2).tolist() == ["a", "a", "b", "c", "d", "d"]
+    assert grading.module_ids(3, 3, "cumulative").tolist() == ["a", "b", "c", "d"]
+    assert grading.module_ids(2, 3, "exclusive").tolist() == ["b"]
 
 
 def test_grading_is_out_of_fold_deterministic_and_monotone():

@@ -96,6 +96,34 @@ def test_output_shape_matches_forward(stride: int, hw: int) -> None:
 
 def test_exit_head_gives_logits() -> None:
     assert ExitHead(8, 5)(torch.zeros(3, 8, 4, 4)).shape == (3, 5)
+    assert ExitHead(8, 5, "pool_mlp", grid=2, hidden=6)(torch.zeros(3, 8, 7, 7)).shape == (3, 5)
+
+
+def test_pool_mlp_head_keeps_position_and_costs_what_it_should() -> None:
+    from pipeline.models.cost import count_macs
+
+    head = ExitHead(8, 5, "pool_mlp", grid=4, hidden=16)
+    assert count_macs(head, (8, 28, 28)) == 8 * 16 * 16 + 16 * 5
+    assert count_macs(ExitHead(8, 5, "gap"), (8, 28, 28)) == 8 * 5
+    # A global pool cannot tell a blob on the left from one on the right; a 4x4 grid can.
+    left, right = torch.zeros(1, 8, 8, 8), torch.zeros(1, 8, 8, 8)
+    left[..., :, :2], right[..., :, -2:] = 1.0, 1.0
+    gap = ExitHead(8, 5, "gap")
+    assert torch.equal(gap.pool(left), gap.pool(right))
+    assert not torch.equal(head.pool(left), head.pool(right))
+
+
+@pytest.mark.parametrize("field,value", [("head", "attention"), ("head_grid", 0), ("head_hidden", -1)])
+def test_spec_rejects_bad_head_fields(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"ModuleSpec.{field}"):
+        ModuleSpec("fixed", 8, **{field: value})
+
+
+def test_spec_head_reaches_the_module() -> None:
+    module = build_module(ModuleSpec("fixed", 8, head="pool_mlp", head_grid=2, head_hidden=12), 1, 3)
+    assert module.head.pool.output_size == 2 and module.head.fc.in_features == 12
+    gap = build_module(ModuleSpec("fixed", 8, head="gap"), 1, 3)
+    assert gap.head.fc.in_features == 8
 
 
 def test_supernet_space_and_default_arch() -> None:

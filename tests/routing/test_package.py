@@ -35,9 +35,10 @@ SPEC = CascadeSpec(
     num_classes=4,
     image_size=16,
     modules=(
-        ModuleSpec("fixed", 8, 1, 1),
-        ModuleSpec("supernet", 16, 2, 2, ("conv3", "dw3", "ir3_e3", "skip"), "conv3"),
-        ModuleSpec("supernet", 16, 2, 1, ("conv3", "dw3"), "conv3"),
+        # Global-pool heads before the last module: THRESHOLDS below were read off their confidences.
+        ModuleSpec("fixed", 8, 1, 1, head="gap"),
+        ModuleSpec("supernet", 16, 2, 2, ("conv3", "dw3", "ir3_e3", "skip"), "conv3", head="gap"),
+        ModuleSpec("supernet", 16, 2, 1, ("conv3", "dw3"), "conv3", head_grid=2, head_hidden=8),
     ),
 )
 CANDIDATES = (

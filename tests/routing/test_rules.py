@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.routing.rules import exit_mask, predictor_labels, route_groups
+from pipeline.routing.rules import exit_mask, predictor_labels, predictor_pays, route_groups
 
 
 def test_exit_mask_is_conf_at_least_threshold() -> None:
@@ -65,3 +65,11 @@ def test_predictor_labels_rejects_mismatched_inputs() -> None:
         predictor_labels(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 3), [1.0, 2.0])
     with pytest.raises(ValueError, match="one shape"):
         predictor_labels(torch.ones(2, 3, dtype=torch.bool), torch.ones(2, 2), [1.0, 2.0, 3.0])
+
+
+def test_predictor_pays_only_when_it_loses_no_accuracy_for_its_savings() -> None:
+    assert predictor_pays(0.90, 1e6, 0.90, 2e6)  # as accurate, cheaper
+    assert predictor_pays(0.91, 3e6, 0.90, 2e6)  # more accurate, dearer
+    assert not predictor_pays(0.90, 3e6, 0.90, 2e6)  # as accurate, dearer
+    assert not predictor_pays(0.85, 1e6, 0.90, 2e6)  # cheaper but loses 5 points
+    assert predictor_pays(0.899, 1e6, 0.90, 2e6, tolerance=0.002)  # a loss inside the tolerance

@@ -15,7 +15,9 @@ from pipeline.train.data import ImageBatches, random_crop
 from pipeline.train.loop import (
     Prefix,
     TrainConfig,
+    distillation_loss,
     evaluate_path,
+    extreme_archs,
     learning_rate,
     load_checkpoint,
     load_module_state,
@@ -249,3 +251,49 @@ def test_training_a_frozen_or_prefix_module_is_refused() -> None:
         with pytest.raises(ValueError, match=match):
             train_module(module, prefix, images, labels, cfg(), cost_of=lambda a: 1.0, cost_max=1.0,
                          exit_saving=0.5, progress=False)
+
+
+def test_extreme_archs_are_the_most_and_least_expensive_paths() -> None:
+    modules = build_modules(SPEC, seed=0)
+    cost_of, cost_max = costs(modules, 1)
+    largest, smallest = extreme_archs(modules[1].space, cost_of)
+    every = [cost_of(a) for a in modules[1].space.enumerate()]
+    assert cost_of(largest) == max(every) == cost_max
+    assert cost_of(smallest) == min(every)
+    assert set(smallest.as_dict().values()) == {"skip"}
+
+
+def test_sandwich_trains_the_largest_and_smallest_paths_every_step() -> None:
+    # With m = 1 method B picks one path per step; only the sandwich can touch both extremes each step.
+    modules = build_modules(SPEC, seed=0)
+    cost_of, _ = costs(modules, 1)
+    largest, _ = extreme_archs(modules[1].space, cost_of)
+    before = state(modules[1])
+    config = cfg(epochs=1, m=1, sandwich=True, distill=1.0)
+    train(1, config, modules)
+    heavy = [k for k in before if k.startswith("layers.") and largest[f"op@l{int(k.split('.')[1]) + 1}"] in k]
+    assert heavy and all(not torch.equal(before[k], modules[1].state_dict()[k]) for k in heavy
+                         if k.endswith("weight"))
+    plain = build_modules(SPEC, seed=0)
+    train(1, cfg(epochs=1, m=1), plain)
+    assert any(not torch.equal(plain[1].state_dict()[k], modules[1].state_dict()[k]) for k in heavy)
+
+
+def test_sandwich_is_deterministic_and_never_feeds_the_mle() -> None:
+    a, _, ra = train(1, cfg(sandwich=True, distill=0.5))
+    b, _, rb = train(1, cfg(sandwich=True, distill=0.5))
+    assert_bitwise_equal(state(a[1]), state(b[1]))
+    plain, _, rp = train(1, cfg())
+    # P(1) is fitted from the first step's picks alone: identical whether or not the sandwich ran.
+    assert ra.iterations[0]["most_likely"] == rp.iterations[0]["most_likely"]
+
+
+def test_distillation_loss_is_zero_for_identical_logits_and_positive_otherwise() -> None:
+    z = torch.randn(5, 4)
+    assert float(distillation_loss(z, z)) == pytest.approx(0.0, abs=1e-6)
+    assert float(distillation_loss(z, z.flip(1))) > 0.01
+
+
+def test_distill_needs_the_sandwich() -> None:
+    with pytest.raises(ValueError, match="TrainConfig.distill"):
+        cfg(distill=0.5)

@@ -1,0 +1,399 @@
+"""Plain-CNN baselines for the cascade: a small and a large single-exit CNN, and the two chained.
+
+``PlainCNN`` has the surface of a fixed cascade module (``space``, ``default_arch()``,
+``forward(x, arch) -> (features, logits)``), so ``pipeline.train.loop.train_module`` trains it with
+an empty prefix and the cost-aware loss turned off (``lam = mu = 0``: plain cross-entropy).
+
+The two-CNN cascade runs the small net first; an image leaves there when its confidence reaches
+the threshold, else it also runs the large net and pays both costs. The threshold is calibrated by
+the cascade's own rule (``calibrate_delta``): least mean MACs with accuracy at least that of always
+running the large net minus ``delta``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from pipeline.config import ConfigError
+from pipeline.models.cost import count_macs
+from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, confidence
+from pipeline.models.ops import ConvBNReLU
+from pipeline.routing.calibration import calibrate_delta, simulate_thresholds
+from pipeline.search.space import Arch, SearchSpace
+from pipeline.train.loop import SCHEDULES, Prefix, TrainConfig, module_outputs, train_module
+
+SMALL, LARGE, TWO_CNN = "plain_small", "plain_large", "two_cnn_cascade"
+META_FILE = "baselines.json"
+FORMAT_VERSION = 1
+EVAL_BATCH = 512
+
+EpochCallback = Callable[[int, dict[str, Any], nn.Module, Any], None]
+
+
+# ----------------------------------------------------------------------------------------- model
+
+
+class PlainCNN(nn.Module):
+    """Five 3x3 conv-BN-ReLU blocks (w, w, pool, 2w, 2w, pool, 4w), global average pool, linear.
+
+    Both max pools halve H and W (floor), so inputs need H, W >= 4.
+    """
+
+    def __init__(self, width: int, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        for name, value in (("width", width), ("in_channels", in_channels), ("num_classes", num_classes)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"PlainCNN.{name} must be an int >= 1, got {value!r}")
+        self.width, self.in_channels, self.num_classes = width, in_channels, num_classes
+        self.space = SearchSpace()  # no decisions: NO_ARCH is the only architecture
+        w = width
+        self.body = nn.Sequential(
+            ConvBNReLU(in_channels, w, 3),
+            ConvBNReLU(w, w, 3),
+            nn.MaxPool2d(2),
+            ConvBNReLU(w, 2 * w, 3),
+            ConvBNReLU(2 * w, 2 * w, 3),
+            nn.MaxPool2d(2),
+            ConvBNReLU(2 * w, 4 * w, 3),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4 * w, num_classes)
+
+    def default_arch(self) -> Arch:
+        return NO_ARCH
+
+    def forward(self, x: torch.Tensor, arch: Arch = NO_ARCH) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C, H, W) normalised images -> pooled features (B, 4w), logits (B, num_classes)."""
+        self.space.validate(arch)
+        features = torch.flatten(self.pool(self.body(x)), 1)  # (B, 4w)
+        return features, self.fc(features)  # (B, num_classes)
+
+
+def plain_macs(module: PlainCNN, image_shape: Sequence[int]) -> int:
+    """MACs per image of ``module`` on images of shape (C, H, W)."""
+    return count_macs(module, tuple(int(v) for v in image_shape))
+
+
+# ----------------------------------------------------------------------------------------- config
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_FLOATS = ("lr", "momentum", "weight_decay", "warmup_epochs", "label_smoothing")
+
+
+@dataclass(frozen=True)
+class BaselineConfig:
+    """The ``baselines`` params section: the two widths and the (shared) training recipe."""
+
+    small_width: int = 8
+    large_width: int = 24
+    epochs: int = 8
+    batch_size: int = 128
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    schedule: str = "cosine"
+    warmup_epochs: float = 0.2
+    crop_padding: int = 2
+    flip: bool = True
+    label_smoothing: float = 0.0
+
+    def __post_init__(self) -> None:
+        for problem in _baseline_problems(self):
+            raise ConfigError(problem)
+        for name in _FLOATS:  # YAML writes 1 for 1.0: store floats as floats
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> BaselineConfig:
+        """Build from the ``baselines`` section (None or {} = defaults); unknown keys are an error."""
+        if d is None:
+            return cls()
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"params: baselines must be a mapping, got {type(d).__name__}")
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            known = [f.name for f in fields(cls)]
+            raise ConfigError(f"params: baselines has unknown keys {unknown}; known keys: {known}")
+        return cls(**d)
+
+    def train_config(self, seed: int) -> TrainConfig:
+        """The recipe as a ``TrainConfig``: plain cross-entropy (lam = mu = 0)."""
+        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
+                           weight_decay=self.weight_decay, schedule=self.schedule,
+                           warmup_epochs=self.warmup_epochs, crop_padding=self.crop_padding, flip=self.flip,
+                           lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing)
+
+
+def _baseline_problems(c: BaselineConfig) -> list[str]:
+    """Messages naming the offending key, ``params: baselines.<key> ...``, in field order."""
+    checks: list[tuple[str, bool, str]] = [
+        ("small_width", _is_int(c.small_width) and c.small_width >= 1, "an int >= 1"),
+        ("large_width", _is_int(c.large_width) and c.large_width >= 1
+         and (not _is_int(c.small_width) or c.large_width >= c.small_width), "an int >= small_width"),
+        ("epochs", _is_int(c.epochs) and c.epochs >= 1, "an int >= 1"),
+        ("batch_size", _is_int(c.batch_size) and c.batch_size >= 1, "an int >= 1"),
+        ("lr", _is_number(c.lr) and c.lr > 0, "a number > 0"),
+        ("momentum", _is_number(c.momentum) and 0 <= c.momentum < 1, "a number in [0, 1)"),
+        ("weight_decay", _is_number(c.weight_decay) and c.weight_decay >= 0, "a number >= 0"),
+        ("schedule", c.schedule in SCHEDULES, f"one of {list(SCHEDULES)}"),
+        ("warmup_epochs", _is_number(c.warmup_epochs) and 0 <= c.warmup_epochs
+         and (not _is_int(c.epochs) or c.warmup_epochs < c.epochs), "a number in [0, epochs)"),
+        ("crop_padding", _is_int(c.crop_padding) and c.crop_padding >= 0, "an int >= 0"),
+        ("flip", isinstance(c.flip, bool), "a bool"),
+        ("label_smoothing", _is_number(c.label_smoothing) and 0 <= c.label_smoothing < 1,
+         "a number in [0, 1)"),
+    ]
+    return [f"params: baselines.{name} must be {wanted}, got {getattr(c, name)!r}"
+            for name, ok, wanted in checks if not ok]
+
+
+# ----------------------------------------------------------------------------------------- training
+
+
+def train_baseline(
+    width: int,
+    images_uint8: np.ndarray,
+    labels: np.ndarray,
+    mean: Sequence[float],
+    std: Sequence[float],
+    num_classes: int,
+    cfg: BaselineConfig,
+    seed: int,
+    *,
+    on_epoch: EpochCallback | None = None,
+    progress: bool = True,
+) -> PlainCNN:
+    """A ``PlainCNN`` of ``width`` trained on images (N, C, H, W) uint8, returned in eval mode.
+
+    Initial weights come from ``seed`` in a forked RNG (the caller's global RNG is untouched); data
+    order and augmentation from ``seed`` too, so the same inputs give bitwise-identical weights on CPU.
+    """
+    images_uint8 = np.asarray(images_uint8)
+    if images_uint8.ndim != 4 or images_uint8.dtype != np.uint8:
+        raise ValueError(f"images must be uint8 (N, C, H, W), got {images_uint8.dtype} {images_uint8.shape}")
+    image_shape = tuple(int(v) for v in images_uint8.shape[1:])  # (C, H, W)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = PlainCNN(width, image_shape[0], num_classes)
+    macs = plain_macs(module, image_shape)
+    labels = np.asarray(labels, dtype=np.int64)  # (N,)
+    train_module(module, Prefix((), tuple(mean), tuple(std)), images_uint8, labels, cfg.train_config(seed),
+                 cost_of=lambda _arch: macs, cost_max=macs, exit_saving=0.0,
+                 on_epoch=on_epoch, progress=progress)
+    return module.eval()
+
+
+# ----------------------------------------------------------------------------------------- outputs
+
+
+def plain_outputs(module: PlainCNN, images_uint8: np.ndarray, mean: Sequence[float], std: Sequence[float],
+                  kind: str = "maxprob") -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits (N, K) and confidence (N,) of ``module`` on images (N, C, H, W) uint8, no augmentation."""
+    logits, _ = module_outputs(module, Prefix((), tuple(mean), tuple(std)), images_uint8, NO_ARCH, EVAL_BATCH)
+    return logits, confidence(logits, kind)  # (N, K), (N,)
+
+
+def two_cnn_arrays(conf_small: Any, correct_small: Any, correct_large: Any, macs_small: float,
+                   macs_large: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The chain as the calibration's (N, 2) arrays: conf, correct, cumulative MACs.
+
+    The second confidence column is never read (the last exit always answers): ones.
+    """
+    conf_small = np.asarray(conf_small)
+    correct_small = np.asarray(correct_small, dtype=bool)
+    correct_large = np.asarray(correct_large, dtype=bool)
+    if conf_small.ndim != 1 or not conf_small.shape == correct_small.shape == correct_large.shape:
+        raise ValueError(f"conf_small, correct_small and correct_large must share one shape (N,), got "
+                         f"{conf_small.shape}, {correct_small.shape}, {correct_large.shape}")
+    if not np.issubdtype(conf_small.dtype, np.floating):
+        conf_small = conf_small.astype(np.float64)
+    conf = np.stack([conf_small, np.ones_like(conf_small)], axis=1)  # (N, 2), conf_small's dtype
+    correct = np.stack([correct_small, correct_large], axis=1)  # (N, 2)
+    cum = np.empty(conf.shape, dtype=np.float64)  # (N, 2)
+    cum[:, 0], cum[:, 1] = float(macs_small), float(macs_small) + float(macs_large)
+    return conf, correct, cum
+
+
+def two_cnn_threshold(conf_small: Any, correct_small: Any, correct_large: Any, macs_small: float,
+                      macs_large: float, delta: float, grid: int | Sequence[Sequence[float]] = 50) -> float:
+    """The small net's exit threshold by the cascade's rule: least mean MACs with accuracy at least
+    that of always running the large net minus ``delta`` (``NEVER`` = 1.01 if no early exit fits)."""
+    thresholds, _ = calibrate_delta(*two_cnn_arrays(conf_small, correct_small, correct_large, macs_small,
+                                                    macs_large), delta, grid)
+    return float(thresholds[0])
+
+
+def two_cnn_result(conf: np.ndarray, correct: np.ndarray, cum: np.ndarray,
+                   threshold: float) -> dict[str, float]:
+    """Accuracy, mean MACs, threshold and share of images leaving at the small net, on (N, 2) arrays."""
+    accuracy, mean_macs, counts = simulate_thresholds(conf, correct, cum, [threshold])
+    return {"accuracy": float(accuracy), "mean_macs": float(mean_macs), "threshold": float(threshold),
+            "small_exit_share": float(counts[0] / max(int(np.sum(counts)), 1))}
+
+
+# ----------------------------------------------------------------------------------------- storage
+
+
+@dataclass(frozen=True)
+class BaselinesMeta:
+    """What ``baselines.json`` records beside the two state dicts."""
+
+    small_width: int
+    large_width: int
+    in_channels: int
+    num_classes: int
+    image_shape: tuple[int, int, int]  # (C, H, W)
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    macs_small: int
+    macs_large: int
+    threshold: float
+    confidence_kind: str
+    calib: dict[str, Any]  # calib-split figures (accuracies, MACs, delta, grid, ...)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "image_shape", tuple(int(v) for v in self.image_shape))
+        object.__setattr__(self, "mean", tuple(float(v) for v in self.mean))
+        object.__setattr__(self, "std", tuple(float(v) for v in self.std))
+        if len(self.image_shape) != 3 or self.image_shape[0] != self.in_channels:
+            raise ValueError(f"image_shape must be (C, H, W) with C = in_channels = {self.in_channels}, "
+                             f"got {self.image_shape}")
+        if self.confidence_kind not in CONFIDENCE_KINDS:
+            raise ValueError(f"confidence_kind must be one of {CONFIDENCE_KINDS}, "
+                             f"got {self.confidence_kind!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BaselinesMeta:
+        if d.get("format") != FORMAT_VERSION:
+            raise ValueError(f"unsupported format {d.get('format')!r} (expected {FORMAT_VERSION})")
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
+
+
+@dataclass
+class Baselines:
+    """The two trained nets (eval mode) and their record."""
+
+    small: PlainCNN
+    large: PlainCNN
+    meta: BaselinesMeta
+
+
+def save_baselines(directory: str | os.PathLike[str], small: PlainCNN, large: PlainCNN,
+                   meta: BaselinesMeta) -> None:
+    """Write ``plain_small.pt``, ``plain_large.pt`` (state dicts) and ``baselines.json`` into ``directory``
+    (created if needed; wrap it in ``atomic_path(..., is_dir=True)`` for an all-or-nothing write)."""
+    for name, module, width in ((SMALL, small, meta.small_width), (LARGE, large, meta.large_width)):
+        expected = (width, meta.in_channels, meta.num_classes)
+        if (module.width, module.in_channels, module.num_classes) != expected:
+            raise ValueError(f"{name}: module (width {module.width}, {module.in_channels} channels, "
+                             f"{module.num_classes} classes) does not match its record")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, module in ((SMALL, small), (LARGE, large)):
+        torch.save({k: v.detach().cpu() for k, v in module.state_dict().items()}, directory / f"{name}.pt")
+    (directory / META_FILE).write_text(json.dumps(meta.to_json(), indent=2) + "\n")
+
+
+def _load_state(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(f"baseline weights {path} are missing; run the baselines stage first")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several types (RuntimeError, UnpicklingError, EOFError...)
+        raise ValueError(f"baseline weights {path} are unreadable or corrupt: {exc}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"baseline weights {path} do not hold a state dict")
+    return state
+
+
+def load_baselines(directory: str | os.PathLike[str]) -> Baselines:
+    """Read what ``save_baselines`` wrote; the nets come back on CPU in eval mode."""
+    directory = Path(directory)
+    meta_path = directory / META_FILE
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"baselines record {meta_path} is missing; run the baselines stage first")
+    try:
+        meta = BaselinesMeta.from_json(json.loads(meta_path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"baselines record {meta_path} is unreadable or incomplete: {exc!r}") from None
+    nets = []
+    records = ((SMALL, meta.small_width, meta.macs_small), (LARGE, meta.large_width, meta.macs_large))
+    for name, width, macs in records:
+        path = directory / f"{name}.pt"
+        module = PlainCNN(width, meta.in_channels, meta.num_classes)
+        try:
+            module.load_state_dict(_load_state(path))
+        except RuntimeError as exc:  # missing / unexpected keys, wrong shapes
+            raise ValueError(f"baseline weights {path} do not fit a width-{width} PlainCNN: {exc}") from None
+        if plain_macs(module, meta.image_shape) != macs:
+            raise ValueError(f"{meta_path}: recorded MACs of {name} ({macs}) differ from the net's")
+        nets.append(module.eval())
+    return Baselines(nets[0], nets[1], meta)
+
+
+# ----------------------------------------------------------------------------------------- evaluation
+
+
+def _loaded(source: str | os.PathLike[str] | Baselines) -> Baselines:
+    return source if isinstance(source, Baselines) else load_baselines(source)
+
+
+def baseline_arrays(source: str | os.PathLike[str] | Baselines, images_uint8: np.ndarray,
+                    labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Both nets on a split, as the two-CNN chain's (N, 2) conf, correct and cumulative MACs."""
+    b = _loaded(source)
+    images_uint8 = np.asarray(images_uint8)
+    if images_uint8.ndim != 4 or tuple(images_uint8.shape[1:]) != b.meta.image_shape:
+        shape = ", ".join(map(str, b.meta.image_shape))
+        raise ValueError(f"images must be (N, {shape}) as the baselines were trained on, "
+                         f"got {images_uint8.shape}")
+    y = torch.as_tensor(np.asarray(labels, dtype=np.int64))  # (N,)
+    if y.shape != images_uint8.shape[:1]:
+        raise ValueError(f"{len(images_uint8)} images but {len(y)} labels")
+    logits_s, conf_s = plain_outputs(b.small, images_uint8, b.meta.mean, b.meta.std, b.meta.confidence_kind)
+    logits_l, _ = plain_outputs(b.large, images_uint8, b.meta.mean, b.meta.std, b.meta.confidence_kind)
+    correct_s = (logits_s.argmax(dim=-1) == y).numpy()  # (N,)
+    correct_l = (logits_l.argmax(dim=-1) == y).numpy()  # (N,)
+    return two_cnn_arrays(conf_s.numpy(), correct_s, correct_l, b.meta.macs_small, b.meta.macs_large)
+
+
+def evaluate_baselines(source: str | os.PathLike[str] | Baselines, images_uint8: np.ndarray,
+                       labels: np.ndarray) -> dict[str, dict[str, float]]:
+    """Accuracy and mean MACs of each net and of the two chained (at the calibrated threshold)."""
+    b = _loaded(source)
+    conf, correct, cum = baseline_arrays(b, images_uint8, labels)
+    return {
+        SMALL: {"accuracy": float(correct[:, 0].mean()), "mean_macs": float(b.meta.macs_small)},
+        LARGE: {"accuracy": float(correct[:, 1].mean()), "mean_macs": float(b.meta.macs_large)},
+        TWO_CNN: two_cnn_result(conf, correct, cum, b.meta.threshold),
+    }
+
+
+def two_cnn_budget_curve(source: str | os.PathLike[str] | Baselines, images_uint8: np.ndarray,
+                         labels: np.ndarray, points: int = 41) -> list[dict[str, float]]:
+    """Accuracy vs mean MACs of the two-CNN chain for thresholds in linspace(0, 1, points); rows as
+    ``pipeline.evaluation.budget_curve`` (``threshold``, ``accuracy``, ``mean_macs``)."""
+    from pipeline.evaluation import budget_curve  # lazily: evaluation may come to import this module
+
+    return budget_curve(*baseline_arrays(source, images_uint8, labels), points=points)

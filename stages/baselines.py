@@ -1,0 +1,132 @@
+"""Train the plain-CNN baselines on the whole `train` split: a small and a large single-exit CNN
+(widths from `baselines`), and calibrate the two of them chained (small first) on the `calib` split
+by the cascade's own rule (`calibrate.delta`, `calibrate.grid`, `model.confidence`). Writes both nets
+and their record to one model directory, and calib-split metrics. Never reads the test split."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.baselines import (
+    LARGE,
+    SMALL,
+    TWO_CNN,
+    BaselineConfig,
+    BaselinesMeta,
+    PlainCNN,
+    plain_macs,
+    plain_outputs,
+    save_baselines,
+    train_baseline,
+    two_cnn_arrays,
+    two_cnn_result,
+    two_cnn_threshold,
+)
+from pipeline.config import ConfigError, TrackingConfig
+from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.models.modules import CONFIDENCE_KINDS
+from pipeline.tracking import stage_run
+from stages.common import cli, params_of, parser
+
+SEED_OFFSETS = {SMALL: 101, LARGE: 102}
+
+
+def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str]:
+    """(delta, grid, confidence kind) from `calibrate` and `model.confidence`, with calibrate's defaults."""
+    cfg = {"delta": 0.003, "grid": 50, **(params.get("calibrate") or {})}
+    delta, grid = cfg["delta"], cfg["grid"]
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta <= 1:
+        raise ConfigError(f"params: calibrate.delta must be a fraction in [0, 1], got {delta!r}")
+    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
+        raise ConfigError(f"params: calibrate.grid must be an int >= 1, got {grid!r}")
+    kind = (params.get("model") or {}).get("confidence", "maxprob")
+    if kind not in CONFIDENCE_KINDS:
+        raise ConfigError(f"params: model.confidence must be one of {list(CONFIDENCE_KINDS)}, got {kind!r}")
+    return float(delta), grid, kind
+
+
+@cli
+def main(argv: list[str] | None = None) -> None:
+    p = parser("baselines", __doc__)
+    p.add_argument("--data", type=Path, default=Path("data/prepared"), help="directory written by ingest")
+    p.add_argument("--out", type=Path, default=Path("models/baselines"),
+                   help="model directory of the baselines")
+    p.add_argument("--metrics", type=Path, default=Path("metrics/baselines.json"), help="metrics JSON")
+    args = p.parse_args(argv)
+    params = params_of(args)
+    cfg = BaselineConfig.from_dict(params.get("baselines"))
+    delta, grid, kind = calibration_settings(params)
+    seed = params.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"params: seed must be an int >= 0, got {seed!r}")
+    meta = read_json(args.data / "meta.json")
+    num_classes = len(meta["classes"])
+    train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
+    image_shape = tuple(int(v) for v in train.images.shape[1:])  # (C, H, W)
+    # Normalisation statistics of the training images, as the train stage computes them for module 1.
+    pixels = train.images.astype(np.float32) / 255.0
+    mean = tuple(pixels.mean(axis=(0, 2, 3)).round(4).tolist())
+    std = tuple(pixels.std(axis=(0, 2, 3)).round(4).tolist())
+    widths = {SMALL: cfg.small_width, LARGE: cfg.large_width}
+    calib_labels = torch.from_numpy(calib.labels)
+    nets: dict[str, PlainCNN] = {}
+    figures: dict[str, dict[str, Any]] = {}
+    conf: dict[str, np.ndarray] = {}  # name -> (N,) calib confidence
+    correct: dict[str, np.ndarray] = {}  # name -> (N,) bool, calib prediction right
+    run_params = {"baselines": asdict(cfg), "seed": seed, "calibrate": {"delta": delta, "grid": grid},
+                  "confidence": kind, "train_images": len(train)}
+    with stage_run("baselines", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
+                   params=run_params) as run:
+        for name, width in widths.items():
+            def on_epoch(epoch: int, record: dict, _module: torch.nn.Module, _model: Any,
+                         name: str = name) -> None:
+                run.log_metrics({f"{name}_{key}": v for key, v in record.items()
+                                 if isinstance(v, (int, float))}, step=epoch)
+                print(f"baselines@{name} epoch {epoch}/{cfg.epochs}: loss {record['loss']:.4f} "
+                      f"acc {record['train_acc']:.4f} {record['images_per_s']:.0f} img/s", flush=True)
+
+            started = time.perf_counter()
+            net = train_baseline(width, train.images, train.labels, mean, std, num_classes, cfg,
+                                 seed + SEED_OFFSETS[name], on_epoch=on_epoch)
+            seconds = time.perf_counter() - started
+            logits, net_conf = plain_outputs(net, calib.images, mean, std, kind)  # (N, K), (N,)
+            nets[name], conf[name] = net, net_conf.numpy()
+            correct[name] = (logits.argmax(dim=-1) == calib_labels).numpy()
+            figures[name] = {"width": width, "macs": plain_macs(net, image_shape),
+                             "calib_accuracy": float(correct[name].mean()),
+                             "train_seconds": round(seconds, 1)}
+        macs_small, macs_large = figures[SMALL]["macs"], figures[LARGE]["macs"]
+        chain_inputs = (conf[SMALL], correct[SMALL], correct[LARGE], macs_small, macs_large)
+        threshold = two_cnn_threshold(*chain_inputs, delta, grid)
+        chain = two_cnn_result(*two_cnn_arrays(*chain_inputs), threshold)
+        figures[TWO_CNN] = {"threshold": threshold, "calib_accuracy": chain["accuracy"],
+                            "calib_mean_macs": chain["mean_macs"],
+                            "small_exit_share": chain["small_exit_share"]}
+        metrics = {**figures, "calib_images": len(calib), "train_images": len(train), "epochs": cfg.epochs,
+                   "delta": delta, "grid": grid, "confidence": kind}
+        calib_record = {key: metrics[key] for key in (SMALL, LARGE, TWO_CNN, "calib_images", "delta", "grid")}
+        record = BaselinesMeta(cfg.small_width, cfg.large_width, image_shape[0], num_classes, image_shape,
+                               mean, std, macs_small, macs_large, threshold, kind, calib=calib_record)
+        with atomic_path(args.out, is_dir=True) as tmp:
+            save_baselines(tmp, nets[SMALL], nets[LARGE], record)
+        write_json(args.metrics, metrics)
+        run.log_metrics({f"{name}_{key}": v for name in (SMALL, LARGE, TWO_CNN)
+                         for key, v in figures[name].items()})
+        run.log_artifact(args.metrics)
+    for name in (SMALL, LARGE):
+        f = figures[name]
+        print(f"baselines: {name} (width {f['width']}, {f['macs']:,} MACs): calib accuracy "
+              f"{f['calib_accuracy']:.4f}, trained in {f['train_seconds']} s")
+    f = figures[TWO_CNN]
+    print(f"baselines: {TWO_CNN} (threshold {f['threshold']:.4f}): calib accuracy {f['calib_accuracy']:.4f} "
+          f"at {f['calib_mean_macs']:,.0f} MACs; {f['small_exit_share']:.1%} leave at the small net")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
