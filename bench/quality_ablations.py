@@ -8,7 +8,8 @@ Part m1 trains module 1 (the params' spec and epochs) four ways: the default (pa
 curriculum), the global-pool head (`gap`), and the curricula `all` and `cumulative`. Part m2 trains
 module 1 once (the default), then module 2 (a supernet) three ways: method B alone, + sandwich rule,
 + sandwich and in-place distillation; for each it reports the calib exit accuracy of the space's
-largest, smallest and default path, of P(N)'s most likely path, and the median of random paths.
+largest, smallest and default path, of P(N)'s most likely path, and the median of random paths,
+and of the three named paths again after re-estimating their BatchNorm statistics (`*_bn`).
 Every figure of a part comes from one process on one machine, so the rows compare fairly.
 `--max-train` and `--epochs` shrink the run (the README says which settings its figures used).
 """
@@ -31,7 +32,8 @@ from pipeline.io import load_split, write_json
 from pipeline.models.cascade import feature_shapes
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import ModuleSpec, build_module
-from pipeline.train.loop import Prefix, TrainConfig, evaluate_path, extreme_archs, train_module
+from pipeline.train.loop import (Prefix, TrainConfig, evaluate_path, extreme_archs, recalibrate_batchnorm,
+                                 train_module)
 
 
 def curriculum_subset(train, scores: pd.DataFrame, module: int, levels: int, mode: str, weight: int):
@@ -110,13 +112,21 @@ def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, 
         def acc(arch, module=module):
             return evaluate_path(module, prefix, calib.images, calib.labels, arch, 512)["acc"]
 
+        def acc_bn(arch, module=module):  # after re-estimating the path's BatchNorm statistics
+            recalibrate_batchnorm(module, prefix, subset.images[:2048], arch)
+            return acc(arch)
+
         likely = result.prob_model.most_likely() if result.prob_model is not None else module.default_arch()
         random_accs = [acc(a) for a in randoms]
-        rows.append({"variant": name, "largest": acc(largest), "smallest": acc(smallest),
-                     "default": acc(module.default_arch()), "most_likely": acc(likely),
-                     "most_likely_path": likely.key(), "random_median": float(np.median(random_accs)),
-                     "random_min": float(np.min(random_accs)),
-                     "entropy": result.history[-1].get("entropy"), "seconds": round(seconds, 1)})
+        row = {"variant": name, "largest": acc(largest), "smallest": acc(smallest),
+               "default": acc(module.default_arch()), "most_likely": acc(likely),
+               "most_likely_path": likely.key(), "random_median": float(np.median(random_accs)),
+               "random_min": float(np.min(random_accs)),
+               "entropy": result.history[-1].get("entropy"), "seconds": round(seconds, 1)}
+        # BatchNorm re-estimation changes the module: measured last, one path after another.
+        row.update(largest_bn=acc_bn(largest), default_bn=acc_bn(module.default_arch()),
+                   smallest_bn=acc_bn(smallest))
+        rows.append(row)
         print(rows[-1], flush=True)
     return rows
 

@@ -1,5 +1,6 @@
 """Subnetwork selection for module k (claims 7 and 8). Always computes both: the static choice on the
-`calib` split (claim 8, the `testset` mode and the baseline) and, when the module has several Pareto
+`calib` split (claim 8, the `testset` mode and the baseline: the cheapest candidate within
+`select.delta` of the most accurate one) and, when the module has several Pareto
 candidates, a tiny predictor trained on the `route` split (claim 7) that picks one per image from the
 incoming feature map. `select.mode` says which one the cascade (and module k+1's input) uses."""
 
@@ -17,11 +18,10 @@ from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.predictor import Predictor, predictor_macs, train_predictor
-from pipeline.routing.rules import predictor_labels, predictor_pays
+from pipeline.routing.rules import predictor_labels, predictor_pays, static_choice
 from pipeline.search.space import Arch
 from pipeline.tracking import stage_run
 from stages.common import StageFailed, cli, params_of, parser
-from stages.train import train_config
 
 MODES = ("predictor", "testset")
 
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"params: select.mode must be one of {MODES}, got {mode!r}")
     hidden, epochs, max_share = int(s.get("hidden", 16)), int(s.get("epochs", 30)), float(s.get("max_macs_share", 0.05))
     fallback_tolerance = float(s.get("fallback_tolerance", 0.0))
+    delta = float(s.get("delta", 0.003))
     seed = int(params.get("seed", 0))
-    lambda_c = train_config(params, name, seed).lambda_c
     costs = CostModel(read_json(args.profile))
     module, info = load_module(args.models / name / "train")
     search = read_json(args.models / name / "search" / "search.json")
@@ -71,9 +71,8 @@ def main(argv: list[str] | None = None) -> None:
     macs = [costs.macs(k, a) for a in archs]
     prefix = load_prefix(args.models, k, costs, info.mean, info.std)
     calib_h, calib_y = split_features(prefix, load_split(args.data, "calib"))
-    c_correct, _, c_ce = candidate_outputs(module, calib_h, calib_y, archs)
-    perf = -c_ce.mean(0) - lambda_c * torch.tensor(macs, dtype=torch.float32) / costs.max_macs(k)
-    static = int(perf.argmax())
+    c_correct, _, _ = candidate_outputs(module, calib_h, calib_y, archs)
+    static = static_choice(c_correct.double().mean(0).tolist(), macs, delta)
     selection = {"module": k, "mode": mode, "candidates": [a.key() for a in archs], "candidate_macs": macs,
                  "static": archs[static].key(), "static_calib_acc": float(c_correct[:, static].float().mean()),
                  "calib_acc": c_correct.float().mean(0).tolist(), "predictor": None}

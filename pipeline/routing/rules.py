@@ -74,3 +74,16 @@ def predictor_pays(routed_acc: float, routed_macs: float, static_acc: float, sta
     if routed_acc < static_acc - tolerance:
         return False
     return routed_macs <= static_macs or routed_acc > static_acc
+
+
+def static_choice(accuracy: Sequence[float], macs: Sequence[float], delta: float) -> int:
+    """Claim 8's one-off choice among candidates: the cheapest whose accuracy is within ``delta`` (a
+    fraction) of the most accurate one, by the same rule that calibrates the thresholds. Ties in
+    MACs go to the more accurate, then to the lower index."""
+    if len(accuracy) != len(macs) or not accuracy:
+        raise ValueError(f"static_choice needs one accuracy per candidate, got {len(accuracy)} and {len(macs)}")
+    if not delta >= 0:
+        raise ValueError(f"static_choice: delta must be >= 0, got {delta}")
+    best = max(accuracy)
+    ok = [r for r, a in enumerate(accuracy) if a >= best - delta - 1e-12]
+    return min(ok, key=lambda r: (macs[r], -accuracy[r], r))

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.routing.rules import exit_mask, predictor_labels, predictor_pays, route_groups
+from pipeline.routing.rules import exit_mask, predictor_labels, predictor_pays, route_groups, static_choice
 
 
 def test_exit_mask_is_conf_at_least_threshold() -> None:
@@ -73,3 +73,13 @@ def test_predictor_pays_only_when_it_loses_no_accuracy_for_its_savings() -> None
     assert not predictor_pays(0.90, 3e6, 0.90, 2e6)  # as accurate, dearer
     assert not predictor_pays(0.85, 1e6, 0.90, 2e6)  # cheaper but loses 5 points
     assert predictor_pays(0.899, 1e6, 0.90, 2e6, tolerance=0.002)  # a loss inside the tolerance
+
+
+def test_static_choice_is_the_cheapest_candidate_within_delta_of_the_best() -> None:
+    acc, macs = [0.883, 0.897, 0.904], [1.3e6, 4.5e6, 6.4e6]
+    assert static_choice(acc, macs, 0.003) == 2
+    assert static_choice(acc, macs, 0.01) == 1
+    assert static_choice(acc, macs, 0.05) == 0
+    assert static_choice([0.9, 0.9], [2.0, 2.0], 0.0) == 0  # full tie: lower index
+    with pytest.raises(ValueError, match="one accuracy per candidate"):
+        static_choice([0.9], [1.0, 2.0], 0.0)

@@ -21,6 +21,7 @@ from pipeline.train.loop import (
     learning_rate,
     load_checkpoint,
     load_module_state,
+    recalibrate_batchnorm,
     module_outputs,
     save_checkpoint,
     train_module,
@@ -297,3 +298,21 @@ def test_distillation_loss_is_zero_for_identical_logits_and_positive_otherwise()
 def test_distill_needs_the_sandwich() -> None:
     with pytest.raises(ValueError, match="TrainConfig.distill"):
         cfg(distill=0.5)
+
+
+def test_recalibrate_batchnorm_touches_only_the_path_and_fits_its_statistics() -> None:
+    modules, prefix, _ = train(1, cfg(epochs=1))
+    supernet = modules[1]
+    arch = supernet.space.make({"op@l1": "conv3", "op@l2": "dw3"})
+    before = state(supernet)
+    images, _ = pattern_data(64, seed=4)
+    recalibrate_batchnorm(supernet, prefix, images, arch, batch_size=16)
+    after = state(supernet)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(k.endswith(("running_mean", "running_var", "num_batches_tracked")) for k in changed)
+    assert not any(".ir3_e3." in k or ".skip." in k or "layers.1.conv3" in k for k in changed)
+    # The transition's BatchNorm now holds the mean of its inputs over exactly these images.
+    with torch.no_grad():
+        h = torch.cat([supernet.transition[0](prefix(x)) for x, _ in prefix.batches(images, np.zeros(64, int), 64,
+                                                                                        torch.device("cpu"))])
+    assert torch.allclose(supernet.transition[1].running_mean, h.mean(dim=(0, 2, 3)), atol=1e-5)

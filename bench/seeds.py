@@ -1,0 +1,99 @@
+"""Headline figures over several seeds of the default pipeline: mean and spread (max - min).
+
+    python -m bench.seeds --run --seeds 0 1 2     # one `dvc exp run -S seed=N` per seed, then the summary
+    python -m bench.seeds                          # the summary of the seeds already recorded
+
+Each seed is a DVC experiment (`dvc exp run -S seed=N --name seed-N`, so `dvc exp show` lists them)
+run in the workspace one after another; after each, its `metrics/evaluate.json` is copied to
+`docs/results/seeds/seed_N.json`. The seed changes everything downstream of it: the stratified
+splits, the grading folds, every module's initial weights, data order and architecture draws, the
+baselines. When the runs are done the workspace goes back to the committed params and outputs
+(`git checkout params.yaml dvc.lock metrics && dvc checkout`). The summary prints, per figure, each
+seed's value, the mean and the spread, and which of issue 9's targets every seed meets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+FIGURES = {
+    "cascade accuracy": lambda m: m["cascade"]["accuracy"],
+    "cascade mean MACs": lambda m: m["cascade"]["mean_macs"],
+    "exit 1 accuracy": lambda m: m["each_exit"][0]["accuracy"],
+    "last exit accuracy": lambda m: m["each_exit"][-1]["accuracy"],
+    "fixed cascade accuracy": lambda m: m["baselines"]["fixed_cascade"]["accuracy"],
+    "fixed cascade mean MACs": lambda m: m["baselines"]["fixed_cascade"]["mean_macs"],
+    "two-CNN cascade accuracy": lambda m: m["baselines"]["two_cnn_cascade"]["accuracy"],
+    "two-CNN cascade mean MACs": lambda m: m["baselines"]["two_cnn_cascade"]["mean_macs"],
+    "plain large CNN accuracy": lambda m: m["baselines"]["plain_large"]["accuracy"],
+}
+
+
+def run_seed(seed: int, out_dir: Path) -> Path:
+    """One default pipeline run with ``seed`` as a DVC experiment; its evaluate metrics copied out."""
+    cmd = ["dvc", "exp", "run", "-S", f"seed={seed}", "--name", f"seed-{seed}", "--force"]
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"seed_{seed}.json"
+    shutil.copyfile("metrics/evaluate.json", target)
+    return target
+
+
+def restore_workspace() -> None:
+    subprocess.run(["git", "checkout", "--", "params.yaml", "dvc.lock", "metrics"], check=True)
+    subprocess.run(["dvc", "checkout", "--force"], check=True)
+
+
+def summarise(files: list[Path]) -> dict:
+    runs = {int(f.stem.removeprefix("seed_")): json.loads(f.read_text()) for f in files}
+    seeds = sorted(runs)
+    table = {}
+    for name, get in FIGURES.items():
+        values = [float(get(runs[s])) for s in seeds]
+        table[name] = {"values": dict(zip(seeds, values, strict=True)), "mean": statistics.fmean(values),
+                       "spread": max(values) - min(values)}
+    targets = {}
+    for s in seeds:
+        for name, check in runs[s].get("targets", {}).items():
+            targets.setdefault(name, {})[s] = bool(check["met"])
+    return {"seeds": seeds, "figures": table, "targets": targets}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--run", action="store_true", help="run the pipeline for each seed first (long)")
+    p.add_argument("--out", type=Path, default=Path("docs/results/seeds"))
+    args = p.parse_args(argv)
+    if args.run:
+        try:
+            for seed in args.seeds:
+                run_seed(seed, args.out)
+        finally:
+            restore_workspace()
+    files = [args.out / f"seed_{s}.json" for s in args.seeds if (args.out / f"seed_{s}.json").exists()]
+    if not files:
+        print(f"no seed results in {args.out}; run with --run", file=sys.stderr)
+        return 1
+    summary = summarise(files)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    seeds = summary["seeds"]
+    print(f"{'figure':28s} " + " ".join(f"{'seed ' + str(s):>12s}" for s in seeds) + f" {'mean':>12s} {'spread':>10s}")
+    for name, row in summary["figures"].items():
+        scale, fmt = (100.0, "{:11.2f}%") if "accuracy" in name else (1e-6, "{:11.3f}M")
+        cells = " ".join(fmt.format(scale * v) for v in row["values"].values())
+        print(f"{name:28s} {cells} {fmt.format(scale * row['mean'])} {scale * row['spread']:10.3f}")
+    for name, met in summary["targets"].items():
+        print(f"target {name}: " + ", ".join(f"seed {s} {'met' if ok else 'MISSED'}" for s, ok in met.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
