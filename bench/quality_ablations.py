@@ -5,11 +5,12 @@
     python -m bench.quality_ablations --part m2       # supernet training recipes on module 2
 
 Part m1 trains module 1 (the params' spec and epochs) four ways: the default (params' head and
-curriculum), the global-pool head (`gap`), and the curricula `all` and `cumulative`. Part m2 trains
-module 1 once (the default), then module 2 (a supernet) three ways: method B alone, + sandwich rule,
-+ sandwich and in-place distillation; for each it reports the calib exit accuracy of the space's
-largest, smallest and default path, of P(N)'s most likely path, and the median of random paths,
-and of the three named paths again after re-estimating their BatchNorm statistics (`*_bn`).
+curriculum), the global-pool head (`gap`), and the curricula `all` and `cumulative`. Part m2 takes
+module 1 from `models/m1/train` (or trains it), then trains module 2 four ways: as a plain module,
+and as a supernet of the same width (the params' supernet ops and layers) with method B alone,
++ sandwich rule, + sandwich and in-place distillation; for each supernet it reports the calib exit
+accuracy of the space's largest, smallest and default path, of P(N)'s most likely path, the median
+of random paths, and the three named paths again after re-estimating their BatchNorm statistics.
 Every figure of a part comes from one process on one machine, so the rows compare fairly.
 `--max-train` and `--epochs` shrink the run (the README says which settings its figures used).
 """
@@ -31,9 +32,16 @@ from pipeline.data.grading import curriculum_repeats
 from pipeline.io import load_split, write_json
 from pipeline.models.cascade import feature_shapes
 from pipeline.models.cost import count_macs
-from pipeline.models.modules import ModuleSpec, build_module
-from pipeline.train.loop import (Prefix, TrainConfig, evaluate_path, extreme_archs, recalibrate_batchnorm,
-                                 train_module)
+from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
+from pipeline.models.store import load_module
+from pipeline.train.loop import (
+    Prefix,
+    TrainConfig,
+    evaluate_path,
+    extreme_archs,
+    recalibrate_batchnorm,
+    train_module,
+)
 
 
 def curriculum_subset(train, scores: pd.DataFrame, module: int, levels: int, mode: str, weight: int):
@@ -87,30 +95,52 @@ def part_m1(params, train, calib, scores, shapes, n_classes, mean, std, epochs, 
     return rows
 
 
-def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, seed, paths) -> list[dict]:
+def position2_specs(specs) -> tuple[ModuleSpec, ModuleSpec]:
+    """Module 2 as a plain module (the params' spec if fixed) and as a supernet of the same width
+    (layers, ops and default op from the params' first supernet module)."""
+    supernet = next(s for s in specs if s.kind == "supernet")
+    m2 = specs[1]
+    plain = m2 if m2.kind == "fixed" else dataclasses.replace(m2, kind="fixed", ops=(), default_op="")
+    return plain, dataclasses.replace(supernet, channels=m2.channels, stride=m2.stride)
+
+
+def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, seed, paths,
+            models: Path) -> list[dict]:
     g = GradeConfig.from_params(params)
     specs = ModelConfig.from_params(params).specs
-    m1_cfg = train_config(params, "m1", seed)
-    m1, *_ = fit(specs[0], shapes[0], n_classes, Prefix((), mean, std),
-                 curriculum_subset(train, scores, 1, g.levels, g.curriculum, g.level_weight), m1_cfg, seed + 1)
+    if (models / "m1" / "train" / "module.pt").exists():  # the pipeline's own module 1
+        m1, info = load_module(models / "m1" / "train")
+        mean, std = info.mean, info.std
+    else:
+        m1, *_ = fit(specs[0], shapes[0], n_classes, Prefix((), mean, std),
+                     curriculum_subset(train, scores, 1, g.levels, g.curriculum, g.level_weight),
+                     train_config(params, "m1", seed), seed + 1)
     prefix = Prefix(((m1, m1.default_arch()),), mean, std)
     subset = curriculum_subset(train, scores, 2, g.levels, g.curriculum, g.level_weight)
-    variants = {"method B alone": {"sandwich": False, "distill": 0.0},
-                "method B + sandwich": {"sandwich": True, "distill": 0.0},
-                "method B + sandwich + distillation": {"sandwich": True, "distill": 1.0}}
+    plain, supernet = position2_specs(specs)
+    variants = {f"plain module ({plain.layers + 1} conv3)": (plain, {}),
+                "supernet, method B alone": (supernet, {"sandwich": False, "distill": 0.0}),
+                "supernet, method B + sandwich": (supernet, {"sandwich": True, "distill": 0.0}),
+                "supernet, method B + sandwich + distillation": (supernet, {"sandwich": True, "distill": 1.0})}
     rng = np.random.default_rng(seed)
-    randoms: list = []  # the same random paths score every variant
+    randoms: list = []  # the same random paths score every supernet variant
     rows = []
-    for name, override in variants.items():
+    for name, (spec, override) in variants.items():
         cfg = train_config(params, "m2", seed, **override, **({"epochs": epochs} if epochs else {}))
-        module, result, seconds, cost = fit(specs[1], shapes[1], n_classes, prefix, subset, cfg, seed + 2)
+        module, result, seconds, cost = fit(spec, shapes[1], n_classes, prefix, subset, cfg, seed + 2)
+
+        def acc(arch, module=module):
+            return evaluate_path(module, prefix, calib.images, calib.labels, arch, 512)["acc"]
+
+        if not module.space.decisions:
+            rows.append({"variant": name, "largest": acc(module.default_arch()), "macs_largest": cost(NO_ARCH),
+                         "seconds": round(seconds, 1)})
+            print(rows[-1], flush=True)
+            continue
         largest, smallest = extreme_archs(module.space, cost)
         if not randoms:
             randoms = [module.space.from_index(tuple(int(rng.integers(len(d.choices))) for d in module.space.decisions))
                        for _ in range(paths)]
-
-        def acc(arch, module=module):
-            return evaluate_path(module, prefix, calib.images, calib.labels, arch, 512)["acc"]
 
         def acc_bn(arch, module=module):  # after re-estimating the path's BatchNorm statistics
             recalibrate_batchnorm(module, prefix, subset.images[:2048], arch)
@@ -118,7 +148,7 @@ def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, 
 
         likely = result.prob_model.most_likely() if result.prob_model is not None else module.default_arch()
         random_accs = [acc(a) for a in randoms]
-        row = {"variant": name, "largest": acc(largest), "smallest": acc(smallest),
+        row = {"variant": name, "largest": acc(largest), "macs_largest": cost(largest), "smallest": acc(smallest),
                "default": acc(module.default_arch()), "most_likely": acc(likely),
                "most_likely_path": likely.key(), "random_median": float(np.median(random_accs)),
                "random_min": float(np.min(random_accs)),
@@ -140,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=0, help="epochs per module (0: the params' own)")
     p.add_argument("--max-train", type=int, default=0, help="first N training images only (0: all)")
     p.add_argument("--paths", type=int, default=8, help="random paths of the supernet to score (part m2)")
+    p.add_argument("--models", type=Path, default=Path("models"), help="module 1 is loaded from here if trained")
     p.add_argument("--out", type=Path, default=Path("docs/results/quality_ablations.json"))
     args = p.parse_args(argv)
     params = load_params(args.params)
@@ -159,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("m1", "all"):
         out["m1"] = part_m1(params, train, calib, scores, shapes, n_classes, mean, std, args.epochs, seed)
     if args.part in ("m2", "all"):
-        out["m2"] = part_m2(params, train, calib, scores, shapes, n_classes, mean, std, args.epochs, seed, args.paths)
+        out["m2"] = part_m2(params, train, calib, scores, shapes, n_classes, mean, std, args.epochs, seed, args.paths,
+                            args.models)
     for part in ("m1", "m2"):
         if part in out:
             print(f"\n{part}:\n" + pd.DataFrame(out[part]).to_string(index=False))

@@ -16,7 +16,7 @@ from pipeline.config import ConfigError, TrackingConfig, section
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.routing.assemble import load_stages
-from pipeline.routing.calibration import calibrate_budget, calibrate_delta, simulate_thresholds
+from pipeline.routing.calibration import REFERENCES, calibrate_budget, calibrate_delta, simulate_thresholds
 from pipeline.routing.engine import Stage, run_all_exits
 from pipeline.routing.package import CascadeMeta, preprocess, save_cascade
 from pipeline.tracking import stage_run
@@ -39,10 +39,12 @@ def fit(stages: list[Stage], x: torch.Tensor, y: torch.Tensor, cfg: dict, kind: 
     if cfg["mode"] == "budget":
         thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]))
     else:
-        thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]))
+        thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
+                                            reference=cfg["reference"])
     acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
     return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
             "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
+            "exit_accuracy": correct.mean(axis=0).tolist(),
             "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep}
 
 
@@ -60,7 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--plots", type=Path, required=True, help="plots directory (the threshold sweep)")
     args = p.parse_args(argv)
     params = params_of(args)
-    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, **section(params, "calibrate")}
+    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
+           **section(params, "calibrate")}
+    if cfg["reference"] not in REFERENCES:
+        raise ConfigError(f"params: calibrate.reference must be one of {REFERENCES}, got {cfg['reference']!r}")
     if cfg["mode"] not in ("delta", "budget"):
         raise ConfigError(f"params: calibrate.mode must be delta or budget, got {cfg['mode']!r}")
     if cfg["mode"] == "budget" and not cfg["budget_macs"]:

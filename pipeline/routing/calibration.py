@@ -18,7 +18,8 @@ import numpy as np
 
 NEVER = 1.01  # no confidence reaches it: the exit is never taken
 ALWAYS = 0.0  # every confidence (max prob or margin) reaches it: every image leaves there
-TOLERANCE = 1e-12  # accuracies are means of booleans; do not let rounding decide feasibility
+TOLERANCE = 1e-12
+REFERENCES = ("last", "best")  # accuracies are means of booleans; do not let rounding decide feasibility
 
 Key = Callable[[float, float], tuple[Any, ...]]  # (accuracy, mean_macs) -> larger is better
 
@@ -148,9 +149,13 @@ def calibrate_delta(
     *,
     exhaustive_limit: int = 4096,
     max_sweeps: int = 10,
+    reference: str = "last",
 ) -> tuple[list[float], list[dict[str, Any]]]:
-    """Thresholds with the least mean MACs whose accuracy is at least that of always running to
-    the last exit minus ``delta`` (a fraction: 0.003 is 0.3 pp), on the data given.
+    """Thresholds with the least mean MACs whose accuracy is at least the reference's minus
+    ``delta`` (a fraction: 0.003 is 0.3 pp), on the data given. ``reference``: ``last`` = always
+    running to the last exit (the brief's rule); ``best`` = the most accurate single exit, always
+    reachable (every earlier threshold at ``NEVER``, that exit's at ``ALWAYS``), so a last module
+    weaker than an earlier one cannot lower the bar.
 
     ``grid`` is a number of quantiles per exit (see ``threshold_grid``) or explicit candidate lists.
     Returns the thresholds and the sweep: one row per evaluated setting (``thresholds``,
@@ -158,8 +163,11 @@ def calibrate_delta(
     """
     if not delta >= 0:
         raise ValueError(f"delta must be >= 0, got {delta}")
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
     arrays = _arrays(conf, correct, cum_macs)
-    target = float(arrays[1][:, -1].mean()) - delta
+    exit_acc = arrays[1].mean(axis=0)  # (K,)
+    target = float(exit_acc[-1] if reference == "last" else exit_acc.max()) - delta
 
     def feasible(accuracy: float, _macs: float) -> bool:
         return accuracy >= target - TOLERANCE

@@ -130,3 +130,23 @@ def test_simulation_agrees_with_the_engine(tiny: TinyCascade) -> None:
         assert accuracy == pytest.approx(float((out.pred == labels).double().mean()))
         assert mean_macs == pytest.approx(float(out.macs.double().mean()))
         assert counts.tolist() == torch.bincount(out.exit_index, minlength=3).tolist()
+
+
+def test_calibrate_delta_best_reference_holds_the_bar_of_a_stronger_earlier_exit() -> None:
+    # Exit 2 is right on every image, exit 3 on half: "last" lets everyone leave at exit 1 (60% >= 50%),
+    # "best" must keep the accuracy within delta of exit 2's 100%.
+    n = 100
+    conf = np.tile([0.9, 0.9, 0.9], (n, 1))
+    conf[:40, 0] = 0.2  # exit 1 is unsure exactly where it is wrong
+    correct = np.ones((n, 3), dtype=bool)
+    correct[:40, 0] = False
+    correct[::2, 2] = False
+    cum = np.tile([1.0, 2.0, 3.0], (n, 1))
+    last, _ = calibrate_delta(conf, correct, cum, 0.0, 10, reference="last")
+    best, _ = calibrate_delta(conf, correct, cum, 0.0, 10, reference="best")
+    acc_last, macs_last, _ = simulate_thresholds(conf, correct, cum, last)
+    acc_best, macs_best, _ = simulate_thresholds(conf, correct, cum, best)
+    assert acc_last >= 0.5 and acc_best == 1.0
+    assert macs_best <= 2.0  # exit 1 where it is sure, exit 2 for the rest; never the weak exit 3
+    with pytest.raises(ValueError, match="reference"):
+        calibrate_delta(conf, correct, cum, 0.0, 10, reference="median")
