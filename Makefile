@@ -13,6 +13,7 @@ setup:
 	@bash scripts/setup.sh
 
 repro: setup
+	python -m pipeline.check_params --params params.yaml
 	dvc repro
 
 test: setup

@@ -32,6 +32,22 @@ def load_params(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
     return params
 
 
+def check_params(params: Any, *, partial: bool = False, source: str = "params") -> None:
+    """The up-front check of the whole params file against the schema in :mod:`pipeline.params_schema`:
+    raises :class:`ConfigError` listing every problem (dotted key and bad value), not only the first."""
+    from pipeline.params_schema import check_params as check  # the schema imports this module
+
+    check(params, partial=partial, source=source)
+
+
+def load_checked_params(path: str | os.PathLike[str] = "params.yaml", *,
+                        partial: bool = False) -> dict[str, Any]:
+    """:func:`load_params`, then :func:`check_params` on the whole file (what every stage does first)."""
+    params = load_params(path)
+    check_params(params, partial=partial, source=str(path))
+    return params
+
+
 def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """A new mapping: ``override`` laid over ``base`` key by key (used for the tiny profile)."""
     merged = dict(base)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError, load_params
+from pipeline.config import ConfigError, load_checked_params
 from pipeline.data.sources import DataError
 
 
@@ -29,7 +29,11 @@ def parser(stage: str, doc: str | None) -> argparse.ArgumentParser:
 
 
 def params_of(args: argparse.Namespace) -> dict[str, Any]:
-    return load_params(args.params)
+    """The params file, checked in full (every key, type, range; unknown keys) before the stage does
+    anything: a bad key anywhere fails every stage at once, named. A section missing altogether is left
+    to the stage that reads it (``partial``), so a stage can run on a file holding only its sections;
+    ``python -m pipeline.check_params`` (``make repro``) requires every section."""
+    return load_checked_params(args.params, partial=True)
 
 
 def cli(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:

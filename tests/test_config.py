@@ -44,3 +44,21 @@ def test_deep_merge_does_not_mutate():
     base = {"a": {"b": 1, "c": 2}}
     merged = deep_merge(base, {"a": {"b": 5}})
     assert merged == {"a": {"b": 5, "c": 2}} and base == {"a": {"b": 1, "c": 2}}
+
+
+def test_load_checked_params_checks_the_whole_file(tmp_path):
+    from pipeline.config import check_params, load_checked_params
+
+    assert load_checked_params("params.yaml") == PARAMS
+    check_params(deep_merge(PARAMS, load_params("profiles/tiny.yaml")))
+    bad = tmp_path / "p.yaml"
+    bad.write_text("seed: 0\ndata: {source: digits, image_size: 16, val_fraction: 0.2, val_fraktion: 0.1}\n")
+    with pytest.raises(ConfigError, match=r"data\.val_fraktion is not a known key \(did you mean data\.val_fr"):
+        load_checked_params(bad, partial=True)
+    with pytest.raises(ConfigError, match="register is missing"):
+        load_checked_params(bad)
+
+
+def test_load_params_alone_does_not_check():
+    # profiles/tiny.yaml is a partial overlay: loading it must not demand every section
+    assert load_params("profiles/tiny.yaml")["data"]["source"] == "digits"

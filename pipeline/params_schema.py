@@ -1,0 +1,575 @@
+"""The declarative schema of ``params.yaml`` and :func:`check_params`, the one up-front check of the
+whole file: every key, its type and range, unknown keys (with a "did you mean"), cross-key rules.
+
+Stages run it on the file before anything else (``stages.common.params_of``), and ``make repro`` runs
+it (``python -m pipeline.check_params``) before ``dvc repro``. The typed builders in
+:mod:`pipeline.config` and the library still check what they build; this schema is at least as strict,
+so a bad key fails here first, named, together with every other problem in the file.
+
+Types are strict: ``Int`` takes an int only (not a bool, not ``"3"``, not ``2.5``); ``Number`` takes an
+int or a finite float (not a bool, not a string); ``Bool`` takes ``true``/``false`` only.
+
+To add a key, add one line to its section's dict below (``DATA``, ``TRAIN``, ``SEARCH``, ...), e.g.::
+
+    TRAIN = {..., "utility": Str(choices=("perf", "acc"), default="perf", doc="...")}
+    SEARCH = {..., "utility": Str(choices=("perf", "acc"), default="perf")}
+
+``required=True`` only for keys the code reads without a default. A key added to ``TRAIN`` is allowed
+in ``modules.mK.train`` too (every key optional there). A rule across keys goes into the section's
+``rules`` (a function of the section's valid values yielding ``(key, message)``); a new section is a new
+entry in ``SCHEMA``. Enumerations that the library also defines are tested equal to it
+(tests/test_params_schema.py), so the two cannot drift apart silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pipeline.config import CURRICULA, SCORERS, ConfigError
+
+# Mirrors of library enumerations (importing them would import torch); tests keep them equal.
+KINDS = ("fixed", "supernet")  # pipeline.models.modules.KINDS
+HEADS = ("pool_mlp", "gap")  # pipeline.models.modules.HEADS
+# pipeline.models.ops.OPS
+OPS = ("conv3", "conv5", "dw3", "dw5", "ir3_e3", "ir3_e6", "ir5_e3", "ir5_e6", "skip")
+SCHEDULES = ("cosine", "step", "constant")  # pipeline.train.loop.SCHEDULES
+SAMPLERS = ("uniform", "probmodel")  # pipeline.train.loop.SAMPLERS
+CONFIDENCES = ("maxprob", "margin")  # pipeline.models.modules.CONFIDENCE_KINDS
+REFERENCES = ("last", "best")  # pipeline.routing.calibration.REFERENCES
+SELECT_MODES = ("predictor", "testset")  # stages.select.MODES
+CALIBRATE_MODES = ("delta", "budget")
+SOURCE_PATTERN = r"fashion-mnist(:.+)?|idx:.+|imagefolder:.+|digits"  # pipeline.data.sources.load_source
+
+NO_DEFAULT = object()
+
+
+class ParamsError(ConfigError):
+    """Every problem found in a params file; ``problems`` holds one message per problem."""
+
+    def __init__(self, problems: list[str], source: str = "params") -> None:
+        self.problems = tuple(problems)
+        if len(problems) == 1:
+            message = f"{source}: {problems[0]}"
+        else:
+            message = f"{source}: {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
+        super().__init__(message)
+
+
+# ------------------------------------------------------------------------------------------ key specs
+
+
+@dataclass(frozen=True)
+class Key:
+    """One scalar or list key. ``type``: int | number | bool | str | list."""
+
+    type: str
+    required: bool = False
+    default: Any = NO_DEFAULT
+    nullable: bool = False
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[Any, ...] | None = None
+    pattern: str | None = None
+    pattern_doc: str = ""
+    items: Key | None = None
+    unique: bool = False
+    min_items: int = 0
+    doc: str = ""
+
+    def wanted(self, typed: bool = True) -> str:
+        """What a valid value is, in words: ``an int >= 1``, ``a number strictly between 0 and 1``
+        (``typed=False``, for a value of the right type: ``strictly between 0 and 1``)."""
+        if self.type == "list":
+            items = self.items
+            what = ("a list of values from " + ", ".join(repr(c) for c in items.choices)
+                    if items is not None and items.choices is not None
+                    else "a list of ints" + _range_words(items) if items is not None and items.type == "int"
+                    else f"a list of {items.wanted() if items else 'values'}")
+            if self.unique:
+                what += ", without repeats"
+            if self.min_items:
+                what += f", at least {self.min_items}"
+        elif self.choices is not None:
+            what = "one of " + ", ".join(repr(c) for c in self.choices)
+        elif self.pattern is not None:
+            what = self.pattern_doc or f"a string matching {self.pattern!r}"
+        else:
+            words = _range_words(self)
+            if self.type == "number" and words and not typed:  # "must be strictly between 0 and 1"
+                what = words.strip()
+            else:
+                what = {"int": "an int", "number": "a number", "bool": "true or false",
+                        "str": "a non-empty string"}[self.type] + words
+        return f"null or {what}" if self.nullable else what
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _range_words(k: Key) -> str:
+    if k.gt is not None and k.lt is not None:
+        return f" strictly between {_fmt(k.gt)} and {_fmt(k.lt)}"
+    if k.ge is not None and k.le is not None:
+        return f" in {_fmt(k.ge)}..{_fmt(k.le)}" if k.type == "int" else f" in [{_fmt(k.ge)}, {_fmt(k.le)}]"
+    if k.ge is not None and k.lt is not None:
+        return f" in [{_fmt(k.ge)}, {_fmt(k.lt)})"
+    if k.gt is not None and k.le is not None:
+        return f" in ({_fmt(k.gt)}, {_fmt(k.le)}]"
+    words = []
+    for op, bound in ((">=", k.ge), (">", k.gt), ("<=", k.le), ("<", k.lt)):
+        if bound is not None:
+            words.append(f"{op} {_fmt(bound)}")
+    return (" " + " and ".join(words)) if words else ""
+
+
+def Int(**kw: Any) -> Key:  # noqa: N802 - reads as a type in the schema tables
+    return Key("int", **kw)
+
+
+def Number(**kw: Any) -> Key:  # noqa: N802
+    return Key("number", **kw)
+
+
+def Bool(**kw: Any) -> Key:  # noqa: N802
+    return Key("bool", **kw)
+
+
+def Str(**kw: Any) -> Key:  # noqa: N802
+    return Key("str", **kw)
+
+
+def List(items: Key, **kw: Any) -> Key:  # noqa: N802
+    return Key("list", items=items, **kw)
+
+
+def Fraction(**kw: Any) -> Key:  # noqa: N802
+    """A number strictly between 0 and 1."""
+    return Key("number", gt=0, lt=1, **kw)
+
+
+Rule = Callable[[Mapping[str, Any]], Iterator[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class Section:
+    """A mapping of known keys; ``rules`` check across keys and see only keys that passed (plus defaults)."""
+
+    keys: Mapping[str, Key]
+    required: bool = True
+    rules: tuple[Rule, ...] = ()
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Custom:
+    """A section checked by a function ``(value, key, params) -> problems`` (the ``modules`` section)."""
+
+    check: Callable[[Any, str, Mapping[str, Any]], list[str]]
+    required: bool = True
+    doc: str = field(default="")
+
+
+# ------------------------------------------------------------------------------------------ the schema
+
+DATA = {
+    "source": Str(required=True, pattern=SOURCE_PATTERN,
+                  pattern_doc="fashion-mnist, fashion-mnist:<dir>, idx:<dir>, imagefolder:<dir> or digits"),
+    "image_size": Int(required=True, ge=4, le=512),
+    "channels": Int(choices=(1, 3), default=1),
+    "val_fraction": Fraction(required=True),
+    "route_fraction": Fraction(default=0.5),
+    "test_fraction": Fraction(default=0.2),
+    "max_train": Int(nullable=True, ge=20, default=None),
+    "max_test": Int(nullable=True, ge=20, default=None),
+    "max_pixels": Int(ge=1, default=16777216, doc="largest image (pixels) the decoder opens"),
+}
+
+VALIDATE = {
+    "class_share_tolerance": Number(required=True, ge=0, le=1),
+    "pixel_mean_min": Number(ge=0, le=255, default=0.0),
+    "pixel_mean_max": Number(ge=0, le=255, default=255.0),
+    "min_pixel_std": Number(ge=0, default=0.0),
+    "max_duplicate_share": Number(ge=0, le=1, default=0.0),
+}
+
+
+def _validate_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if "pixel_mean_min" in v and "pixel_mean_max" in v and v["pixel_mean_min"] > v["pixel_mean_max"]:
+        yield "pixel_mean_min", (f"must be <= pixel_mean_max ({v['pixel_mean_max']!r}), "
+                                 f"got {v['pixel_mean_min']!r}")
+
+
+GRADE = {
+    "scorer": Str(choices=SCORERS, default="pca-logreg"),
+    "pca_components": Int(ge=1, default=50),
+    "folds": Int(ge=2, le=20, default=5),
+    "levels": Int(required=True, ge=1, le=20),
+    "curriculum": Str(choices=CURRICULA, default="cumulative"),
+    "level_weight": Int(ge=1, le=10, default=2),
+    "max_iter": Int(ge=1, default=200),
+    "knn_neighbors": Int(ge=1, default=10),
+}
+
+TRACKING = {"experiment": Str(default="cascade")}
+
+MODEL = {"confidence": Str(choices=CONFIDENCES, default="maxprob")}
+
+PROFILE = {
+    "repeats": Int(ge=1, default=20),
+    "batch_sizes": List(Int(ge=1), unique=True, min_items=1, default=[1, 64]),
+}
+
+
+def _profile_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if "batch_sizes" in v and 1 not in v["batch_sizes"]:
+        yield "batch_sizes", f"must include 1, got {v['batch_sizes']!r}"
+
+
+# The common training settings (pipeline.train.loop.TrainConfig); modules.mK.train overrides any of them.
+TRAIN = {
+    "epochs": Int(required=True, ge=1),
+    "batch_size": Int(required=True, ge=1),
+    "lr": Number(required=True, gt=0),
+    "momentum": Number(ge=0, lt=1, default=0.9),
+    "weight_decay": Number(ge=0, default=5e-4),
+    "schedule": Str(choices=SCHEDULES, default="cosine"),
+    "warmup_epochs": Number(ge=0, default=0.0),
+    "crop_padding": Int(ge=0, default=0),
+    "flip": Bool(default=False),
+    "lam": Number(ge=0, default=0.0),
+    "mu": Number(ge=0, default=0.0),
+    "seed": Int(ge=0, default=0, doc="default: the top-level seed"),
+    "label_smoothing": Number(ge=0, lt=1, default=0.0),
+    "sampler": Str(choices=SAMPLERS, default="probmodel"),
+    "m": Int(ge=1, default=4),
+    "entropy_selection": Bool(default=True),
+    "pool_factor": Int(ge=1, default=8),
+    "temperature": Number(gt=0, default=0.1),
+    "smoothing": Number(ge=0, default=0.05),
+    "step": Number(gt=0, le=1, default=0.1),
+    "beta": Number(ge=0, default=0.01),
+    "mi_eps": Number(gt=0, default=1e-3),
+    "lambda_c": Number(ge=0, default=0.1),
+    "sandwich": Bool(default=False),
+    "distill": Number(ge=0, default=0.0),
+}
+
+
+def _train_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if "warmup_epochs" in v and "epochs" in v and not v["warmup_epochs"] < v["epochs"]:
+        yield "warmup_epochs", f"must be < epochs ({v['epochs']}), got {v['warmup_epochs']!r}"
+    if "m" in v and "batch_size" in v and v["m"] > v["batch_size"]:
+        yield "m", f"must be <= batch_size ({v['batch_size']}), got {v['m']!r}"
+    if v.get("distill", 0) and v.get("sandwich") is not True:
+        yield "distill", (f"must be 0 unless sandwich is true (the largest path is the teacher), "
+                          f"got {v['distill']!r}")
+
+
+SEARCH = {
+    "samples": Int(ge=1, default=16),
+    "pareto_max": Int(ge=1, default=3),
+}
+
+SELECT = {
+    "mode": Str(choices=SELECT_MODES, default="predictor"),
+    "delta": Number(ge=0, lt=1, default=0.003),
+    "hidden": Int(ge=1, default=16),
+    "epochs": Int(ge=1, default=30),
+    "balanced": Bool(default=False),
+    "fallback_tolerance": Number(ge=0, le=1, default=0.0),
+    "max_macs_share": Number(gt=0, le=1, default=0.05),
+}
+
+CALIBRATE = {
+    "mode": Str(choices=CALIBRATE_MODES, default="delta"),
+    "delta": Number(ge=0, lt=1, default=0.003),
+    "reference": Str(choices=REFERENCES, default="best"),
+    "budget_macs": Number(nullable=True, gt=0, default=None),
+    "grid": Int(ge=1, default=50),
+}
+
+
+def _calibrate_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if v.get("mode") == "budget" and v.get("budget_macs") is None:
+        yield "budget_macs", "is required (a number > 0) when calibrate.mode is budget"
+
+
+REGISTER = {
+    "model_name": Str(required=True, pattern=r"[\w.-]+", pattern_doc="letters, digits, '_', '.' or '-'"),
+    "acc_tolerance": Number(required=True, ge=0, le=1),
+    "macs_tolerance": Number(required=True, ge=0),
+}
+
+BASELINES = {
+    "small_width": Int(ge=1, default=8),
+    "large_width": Int(ge=1, default=24),
+    "epochs": Int(ge=1, default=8),
+    "batch_size": Int(ge=1, default=128),
+    "lr": Number(gt=0, default=0.1),
+    "momentum": Number(ge=0, lt=1, default=0.9),
+    "weight_decay": Number(ge=0, default=5e-4),
+    "schedule": Str(choices=SCHEDULES, default="cosine"),
+    "warmup_epochs": Number(ge=0, default=0.2),
+    "crop_padding": Int(ge=0, default=2),
+    "flip": Bool(default=True),
+    "label_smoothing": Number(ge=0, lt=1, default=0.0),
+}
+
+
+def _baselines_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if "small_width" in v and "large_width" in v and v["large_width"] < v["small_width"]:
+        yield "large_width", f"must be >= small_width ({v['small_width']}), got {v['large_width']!r}"
+    if "warmup_epochs" in v and "epochs" in v and not v["warmup_epochs"] < v["epochs"]:
+        yield "warmup_epochs", f"must be < epochs ({v['epochs']}), got {v['warmup_epochs']!r}"
+
+
+# modules.mK.spec (pipeline.models.modules.ModuleSpec)
+MODULE_SPEC = {
+    "kind": Str(required=True, choices=KINDS),
+    "channels": Int(required=True, ge=1),
+    "stride": Int(choices=(1, 2), default=1),
+    "layers": Int(ge=0, default=1),
+    "ops": List(Str(choices=OPS), unique=True, min_items=2, doc="supernet only"),
+    "default_op": Str(choices=tuple(op for op in OPS if op != "skip"), doc="supernet only; one of ops"),
+    "head": Str(choices=HEADS, default="pool_mlp"),
+    "head_grid": Int(ge=1, default=4),
+    "head_hidden": Int(ge=0, default=128),
+}
+
+
+SUPERNET_ONLY = ("ops", "default_op")
+
+
+def _spec_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if v.get("kind") == "supernet":
+        if "layers" in v and v["layers"] < 1:
+            yield "layers", f"must be >= 1 for a supernet module, got {v['layers']!r}"
+        if "ops" in v and "default_op" in v and v["default_op"] not in v["ops"]:
+            yield "default_op", f"must be one of ops {v['ops']!r}, got {v['default_op']!r}"
+
+
+MODULE_TRAIN = {name: replace(key, required=False) for name, key in TRAIN.items()}
+MODULE_KEYS = ("spec", "train")
+
+
+def _check_modules(value: Any, key: str, params: Mapping[str, Any]) -> list[str]:
+    problems: list[str] = []
+    if not isinstance(value, Mapping) or not value:
+        return [f"{key} must be a non-empty mapping of modules m1..mK, got {value!r}"]
+    names = [str(n) for n in value]
+    expected = [f"m{k}" for k in range(1, len(names) + 1)]
+    if names != expected:
+        problems.append(f"{key} must be named m1..mK in order, got {names}")
+    train = params.get("train") if isinstance(params.get("train"), Mapping) else {}
+    train_valid = _valid_values(train, TRAIN) if train else {}
+    base_rules = set(_train_rules({**_defaults(TRAIN), **train_valid}))
+    for name, mod in value.items():
+        mkey = f"{key}.{name}"
+        if not isinstance(mod, Mapping):
+            problems.append(f"{mkey} must be a mapping with 'spec' (and optionally 'train'), got {mod!r}")
+            continue
+        problems += _unknown(mod, MODULE_KEYS, mkey)
+        spec = mod.get("spec")
+        if "spec" not in mod:
+            problems.append(f"{mkey}.spec is missing")
+        elif isinstance(spec, Mapping) and spec.get("kind") == "fixed":
+            for name_ in SUPERNET_ONLY:
+                if name_ in spec:
+                    problems.append(f"{mkey}.spec.{name_} is for supernet modules only (kind: fixed), "
+                                    f"got {spec[name_]!r}")
+            rest = {k: v for k, v in spec.items() if k not in SUPERNET_ONLY}
+            fixed = {k: v for k, v in MODULE_SPEC.items() if k not in SUPERNET_ONLY}
+            problems += _check_section(rest, Section(fixed, rules=(_spec_rules,)), f"{mkey}.spec")
+        else:
+            if isinstance(spec, Mapping) and spec.get("kind") == "supernet":
+                problems += [f"{mkey}.spec.{name_} is missing (required for a supernet module)"
+                             for name_ in SUPERNET_ONLY if name_ not in spec]
+            problems += _check_section(spec, Section(MODULE_SPEC, rules=(_spec_rules,)), f"{mkey}.spec")
+        override = mod.get("train")
+        if override is None:
+            override = {}
+        if not isinstance(override, Mapping):
+            problems.append(f"{mkey}.train must be a mapping of train overrides, got {override!r}")
+            continue
+        problems += _check_section(override, Section(MODULE_TRAIN), f"{mkey}.train")
+        # The rules across train keys hold for what module mK trains with: train overlaid by its override.
+        merged = {**_defaults(TRAIN), **train_valid, **_valid_values(override, MODULE_TRAIN)}
+        for k, message in _train_rules(merged):
+            if k in override:
+                problems.append(f"{mkey}.train.{k} {message}")
+            elif (k, message) in base_rules:
+                problems.append(f"train.{k} {message}")  # the same for every module: reported once
+            else:
+                problems.append(f"train.{k} {message} (for module {name}, with its {mkey}.train overrides)")
+    levels = _valid_values(params.get("grade") or {}, GRADE).get("levels") if isinstance(
+        params.get("grade"), Mapping) else None
+    if levels is not None and levels < len(value):
+        problems.append(f"grade.levels must be >= the number of modules ({len(value)}): module k trains "
+                        f"on the level-k id list, got {levels}")
+    return problems
+
+
+SCHEMA: dict[str, Key | Section | Custom] = {
+    "seed": Int(ge=0, default=0),
+    "data": Section(DATA),
+    "validate": Section(VALIDATE, rules=(_validate_rules,)),
+    "grade": Section(GRADE),
+    "tracking": Section(TRACKING, required=False),
+    "model": Section(MODEL, required=False),
+    "modules": Custom(_check_modules),
+    "profile": Section(PROFILE, required=False, rules=(_profile_rules,)),
+    "train": Section(TRAIN),  # its cross-key rules run per module on the merged config (_check_modules)
+    "search": Section(SEARCH),
+    "select": Section(SELECT),
+    "calibrate": Section(CALIBRATE, rules=(_calibrate_rules,)),
+    "register": Section(REGISTER),
+    "baselines": Section(BASELINES, required=False, rules=(_baselines_rules,)),
+}
+
+# ------------------------------------------------------------------------------------------- checking
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _type_ok(spec: Key, value: Any) -> bool:
+    checks = {"int": _is_int, "number": _is_number, "bool": lambda v: isinstance(v, bool),
+              "str": lambda v: isinstance(v, str) and v != "", "list": lambda v: isinstance(v, list)}
+    return checks[spec.type](value)
+
+
+def _value_problem(spec: Key, value: Any) -> str | None:
+    """Why ``value`` does not fit ``spec`` (``must be ..., got ...``), or None."""
+    got = "null" if value is None else repr(value)
+    if value is None:
+        return None if spec.nullable else f"must be {spec.wanted()}, got null"
+    if not _type_ok(spec, value):
+        bad = f"must be {spec.wanted()}, got {got}"
+        if isinstance(value, str) and spec.type in ("int", "number") and _looks_numeric(value):
+            return bad + " (a string: write the number without quotes)"
+        if isinstance(value, bool):
+            return bad + " (a bool)"
+        if isinstance(value, str) and spec.type in ("int", "number", "bool"):
+            return bad + " (a string)"
+        return bad
+    bad = f"must be {spec.wanted(typed=False)}, got {got}"
+    if spec.type == "list":
+        if spec.items is not None:
+            for i, item in enumerate(value):
+                if _value_problem(spec.items, item) is not None:
+                    return f"{bad} (item {i}: {item!r})"
+        if spec.unique and len({repr(v) for v in value}) != len(value):
+            return bad + " (repeated items)"
+        if len(value) < spec.min_items:
+            return bad
+        return None
+    if spec.choices is not None:
+        return None if value in spec.choices and type(value) is type(spec.choices[0]) else bad
+    if spec.pattern is not None and not re.fullmatch(spec.pattern, value):
+        return bad
+    for ok in (spec.ge is None or value >= spec.ge, spec.gt is None or value > spec.gt,
+               spec.le is None or value <= spec.le, spec.lt is None or value < spec.lt):
+        if not ok:
+            return bad
+    return None
+
+
+def _suggest(name: str, known: Any) -> str:
+    close = difflib.get_close_matches(name, [str(k) for k in known], n=1, cutoff=0.6)
+    return close[0] if close else ""
+
+
+def _unknown(sec: Mapping[Any, Any], known: Any, prefix: str) -> list[str]:
+    problems = []
+    for name in sec:
+        if name not in known:
+            full = f"{prefix}.{name}" if prefix else str(name)
+            match = _suggest(str(name), known)
+            hint = (f"did you mean {prefix + '.' if prefix else ''}{match}?" if match
+                    else f"known: {', '.join(str(k) for k in known)}")
+            what = "key" if prefix else "section"
+            problems.append(f"{full} is not a known {what} ({hint})")
+    return problems
+
+
+def _defaults(keys: Mapping[str, Key]) -> dict[str, Any]:
+    return {name: spec.default for name, spec in keys.items() if spec.default is not NO_DEFAULT}
+
+
+def _valid_values(sec: Mapping[str, Any], keys: Mapping[str, Key]) -> dict[str, Any]:
+    """The section's keys that pass their own check."""
+    return {name: value for name, value in sec.items()
+            if name in keys and _value_problem(keys[name], value) is None}
+
+
+def _check_section(sec: Any, schema: Section, key: str) -> list[str]:
+    if not isinstance(sec, Mapping):
+        return [f"{key} must be a mapping, got {sec!r}"]
+    problems = _unknown(sec, schema.keys, key)
+    for name, spec in schema.keys.items():
+        if name not in sec:
+            if spec.required:
+                problems.append(f"{key}.{name} is missing ({spec.wanted()})")
+            continue
+        problem = _value_problem(spec, sec[name])
+        if problem:
+            problems.append(f"{key}.{name} {problem}")
+    values = {**_defaults(schema.keys), **_valid_values(sec, schema.keys)}
+    for rule in schema.rules:
+        problems += [f"{key}.{name} {message}" for name, message in rule(values)]
+    return problems
+
+
+def params_problems(params: Any, *, partial: bool = False) -> list[str]:
+    """Every problem of ``params`` as one message each, naming the dotted key and the bad value.
+
+    ``partial``: a missing section that is required is not a problem (the stage that reads it says so);
+    what is present is checked in full."""
+    if not isinstance(params, Mapping):
+        return [f"the params file must hold a mapping at the top level, got {params!r}"]
+    problems = _unknown(params, SCHEMA, "")
+    for name, schema in SCHEMA.items():
+        if name not in params:
+            if not partial and schema.required:
+                problems.append(f"{name} is missing (a required section)")
+            continue
+        value = params[name]
+        if isinstance(schema, Key):
+            problem = _value_problem(schema, value)
+            if problem:
+                problems.append(f"{name} {problem}")
+        elif isinstance(schema, Section):
+            if value is None and not schema.required:
+                continue
+            problems += _check_section(value, schema, name)
+        else:
+            problems += schema.check(value, name, params)
+    return list(dict.fromkeys(problems))  # one message per problem, in order
+
+
+def check_params(params: Any, *, partial: bool = False, source: str = "params") -> None:
+    """Raise :class:`ParamsError` (a :class:`~pipeline.config.ConfigError`) listing every problem."""
+    problems = params_problems(params, partial=partial)
+    if problems:
+        raise ParamsError(problems, source)
