@@ -53,7 +53,8 @@ def test_load_checked_params_checks_the_whole_file(tmp_path):
     check_params(deep_merge(PARAMS, load_params("profiles/tiny.yaml")))
     bad = tmp_path / "p.yaml"
     bad.write_text("seed: 0\ndata: {source: digits, image_size: 16, val_fraction: 0.2, val_fraktion: 0.1}\n")
-    with pytest.raises(ConfigError, match=r"data\.val_fraktion is not a known key \(did you mean data\.val_fr"):
+    suggestion = r"data\.val_fraktion is not a known key \(did you mean data\.val_fraction\?\)"
+    with pytest.raises(ConfigError, match=suggestion):
         load_checked_params(bad, partial=True)
     with pytest.raises(ConfigError, match="register is missing"):
         load_checked_params(bad)
