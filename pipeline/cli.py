@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # torch is imported only when a command runs, so --help stays
     from pipeline.routing.package import LoadedCascade
 
 DEFAULT_MODEL = "models/cascade"
+DEFAULT_MAX_PIXELS = 4096 * 4096  # pipeline.data.sources.DEFAULT_MAX_PIXELS, not imported: --help stays fast
 MODEL_URI_PREFIX = "models:/"
 _URI_FORMS = (
     re.compile(r"^models:/(?P<name>[^/@]+)@(?P<alias>[^/@]+)$"),
@@ -67,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     rec.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     rec.add_argument("--batch-size", type=_positive_int, default=256, help="images per forward pass")
+    rec.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, metavar="N",
+                     help="refuse an image whose header says more than N pixels (width x height), "
+                          f"before decoding it (default {DEFAULT_MAX_PIXELS:,})")
     rec.set_defaults(func=_cmd_recognize)
 
     info = sub.add_parser("info", help="describe a saved cascade")
@@ -120,7 +124,8 @@ def _cmd_recognize(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     files, errors = collect_image_paths(args.paths)
-    rows, decode_errors = recognize_files(loaded, files, batch_size=args.batch_size)
+    rows, decode_errors = recognize_files(loaded, files, batch_size=args.batch_size,
+                                          max_pixels=args.max_pixels)
     errors += decode_errors
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.data.sources import IMAGE_SUFFIXES, DataError, decode_image_file
+from pipeline.data.sources import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, DataError, decode_image_file
 from pipeline.io import atomic_path, file_sha256, write_json
 from pipeline.models.modules import CONFIDENCE_KINDS, FixedModule, ModuleSpec, SupernetModule, build_module
 from pipeline.routing.engine import Stage, run_cascade
@@ -339,12 +339,15 @@ def recognize_arrays(
 
 
 def recognize_files(
-    loaded: LoadedCascade, paths: Iterable[str | os.PathLike[str]], batch_size: int = 256
+    loaded: LoadedCascade, paths: Iterable[str | os.PathLike[str]], batch_size: int = 256, *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """Rows (with ``path``) for the files that decode; ``{"path", "error"}`` for those that do not.
 
-    One bad file never stops the others. Files are decoded and run ``batch_size`` at a time, so a
-    large folder needs bounded memory.
+    One bad file never stops the others: any bit depth or mode is converted, and a file that is
+    missing, empty, corrupt, not a PNG/JPEG or over ``max_pixels`` (width x height, read from its
+    header before decoding) becomes an error entry. Files are decoded and run ``batch_size`` at a
+    time, so a large folder needs bounded memory.
     """
     c, h, w = loaded.meta.image_shape
     if h != w:
@@ -362,7 +365,7 @@ def recognize_files(
 
     for path in paths:
         try:
-            pending.append((str(path), decode_image_file(path, c, h)))
+            pending.append((str(path), decode_image_file(path, c, h, max_pixels=max_pixels)))
         except (DataError, OSError) as exc:
             errors.append({"path": str(path), "error": str(exc)})
         if len(pending) >= batch_size:
