@@ -12,6 +12,9 @@ and as a supernet of the same width (the params' supernet ops and layers) with m
 accuracy of the space's largest, smallest and default path, of P(N)'s most likely path, the median
 of random paths, and the three named paths again after re-estimating their BatchNorm statistics.
 Every figure of a part comes from one process on one machine, so the rows compare fairly.
+Part pm trains the same supernet in position 2 with method B's update variants (raw-score softmax,
+rank utilities, rank + paired perf, and the MI weight at 0 and x10) and reports P(N)'s entropy as a
+fraction of the maximum, its most likely path against the median random path.
 `--max-train` and `--epochs` shrink the run (the README says which settings its figures used).
 """
 
@@ -34,6 +37,7 @@ from pipeline.models.cascade import feature_shapes
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
+from pipeline.search.probmodel import max_entropy
 from pipeline.train.loop import (
     Prefix,
     TrainConfig,
@@ -104,8 +108,27 @@ def position2_specs(specs) -> tuple[ModuleSpec, ModuleSpec]:
     return plain, dataclasses.replace(supernet, channels=m2.channels, stride=m2.stride)
 
 
+def recipe_variants(plain: ModuleSpec, supernet: ModuleSpec) -> dict[str, tuple[ModuleSpec, dict]]:
+    """Part m2: plain module 2 against supernet training recipes (the update as in params)."""
+    return {f"plain module ({plain.layers + 1} conv3)": (plain, {}),
+            "supernet, method B alone": (supernet, {"sandwich": False, "distill": 0.0}),
+            "supernet, method B + sandwich": (supernet, {"sandwich": True, "distill": 0.0}),
+            "supernet, method B + sandwich + distillation": (supernet, {"sandwich": True, "distill": 1.0})}
+
+
+def update_variants(plain: ModuleSpec, supernet: ModuleSpec) -> dict[str, tuple[ModuleSpec, dict]]:
+    """Part pm: method B's probability-model update in supernet training (sandwich on)."""
+    base = {"sandwich": True, "distill": 0.0}
+    return {"softmax(perf / T) (original)": (supernet, {**base, "utility": "softmax", "paired_perf": False}),
+            "rank utilities": (supernet, {**base, "utility": "rank", "paired_perf": False}),
+            "rank + paired perf (default)": (supernet, {**base, "utility": "rank", "paired_perf": True}),
+            "rank + paired perf, beta 0": (supernet, {**base, "utility": "rank", "paired_perf": True, "beta": 0.0}),
+            "rank + paired perf, beta x10": (supernet, {**base, "utility": "rank", "paired_perf": True,
+                                                       "beta": 0.1})}
+
+
 def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, seed, paths,
-            models: Path) -> list[dict]:
+            models: Path, make_variants=recipe_variants) -> list[dict]:
     g = GradeConfig.from_params(params)
     specs = ModelConfig.from_params(params).specs
     if (models / "m1" / "train" / "module.pt").exists():  # the pipeline's own module 1
@@ -118,10 +141,7 @@ def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, 
     prefix = Prefix(((m1, m1.default_arch()),), mean, std)
     subset = curriculum_subset(train, scores, 2, g.levels, g.curriculum, g.level_weight)
     plain, supernet = position2_specs(specs)
-    variants = {f"plain module ({plain.layers + 1} conv3)": (plain, {}),
-                "supernet, method B alone": (supernet, {"sandwich": False, "distill": 0.0}),
-                "supernet, method B + sandwich": (supernet, {"sandwich": True, "distill": 0.0}),
-                "supernet, method B + sandwich + distillation": (supernet, {"sandwich": True, "distill": 1.0})}
+    variants = make_variants(plain, supernet)
     rng = np.random.default_rng(seed)
     randoms: list = []  # the same random paths score every supernet variant
     rows = []
@@ -152,7 +172,10 @@ def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, 
                "default": acc(module.default_arch()), "most_likely": acc(likely),
                "most_likely_path": likely.key(), "random_median": float(np.median(random_accs)),
                "random_min": float(np.min(random_accs)),
-               "entropy": result.history[-1].get("entropy"), "seconds": round(seconds, 1)}
+               "entropy": result.history[-1].get("entropy"),
+               "entropy_ratio": (result.prob_model.entropy() / max_entropy(module.space)
+                                 if result.prob_model is not None else None),
+               "seconds": round(seconds, 1)}
         # BatchNorm re-estimation changes the module: measured last, one path after another.
         row.update(largest_bn=acc_bn(largest), default_bn=acc_bn(module.default_arch()),
                    smallest_bn=acc_bn(smallest))
@@ -163,7 +186,7 @@ def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("m1", "m2", "all"), default="all")
+    p.add_argument("--part", choices=("m1", "m2", "pm", "all"), default="all")
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--data", type=Path, default=Path("data/prepared"))
     p.add_argument("--graded", type=Path, default=Path("data/graded"))
@@ -192,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in ("m2", "all"):
         out["m2"] = part_m2(params, train, calib, scores, shapes, n_classes, mean, std, args.epochs, seed, args.paths,
                             args.models)
-    for part in ("m1", "m2"):
+    if args.part == "pm":
+        out["pm"] = part_m2(params, train, calib, scores, shapes, n_classes, mean, std, args.epochs, seed, args.paths,
+                            args.models, update_variants)
+    for part in ("m1", "m2", "pm"):
         if part in out:
             print(f"\n{part}:\n" + pd.DataFrame(out[part]).to_string(index=False))
     args.out.parent.mkdir(parents=True, exist_ok=True)

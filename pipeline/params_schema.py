@@ -39,6 +39,7 @@ HEADS = ("pool_mlp", "gap")  # pipeline.models.modules.HEADS
 OPS = ("conv3", "conv5", "dw3", "dw5", "ir3_e3", "ir3_e6", "ir5_e3", "ir5_e6", "skip")
 SCHEDULES = ("cosine", "step", "constant")  # pipeline.train.loop.SCHEDULES
 SAMPLERS = ("uniform", "probmodel")  # pipeline.train.loop.SAMPLERS
+UTILITIES = ("rank", "elite", "softmax")  # pipeline.search.probmodel.UTILITIES
 CONFIDENCES = ("maxprob", "margin")  # pipeline.models.modules.CONFIDENCE_KINDS
 REFERENCES = ("last", "best")  # pipeline.routing.calibration.REFERENCES
 SELECT_MODES = ("predictor", "testset")  # stages.select.MODES
@@ -260,6 +261,8 @@ TRAIN = {
     "lambda_c": Number(ge=0, default=0.1),
     "sandwich": Bool(default=False),
     "distill": Number(ge=0, default=0.0),
+    "utility": Str(choices=UTILITIES, default="rank"),
+    "paired_perf": Bool(default=True),
 }
 
 

@@ -29,7 +29,7 @@ if [ ! -f "$stamp" ]; then
     # here); elsewhere fall back to whatever pyproject's ranges resolve to.
     .venv/bin/pip install -q --disable-pip-version-check "torch==2.14.1" "torchvision==0.29.1" \
         || .venv/bin/pip install -q --disable-pip-version-check torch torchvision
-    .venv/bin/pip install -q --disable-pip-version-check -e ".[dev]"
+    .venv/bin/pip install -q --disable-pip-version-check -e ".[dev,bench]"
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

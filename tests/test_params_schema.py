@@ -260,6 +260,7 @@ def test_schema_enums_match_the_library():
         SAMPLERS,
         SCHEDULES,
         SELECT_MODES,
+        UTILITIES,
     )
     from pipeline.routing import calibration
     from pipeline.train import loop
@@ -268,6 +269,7 @@ def test_schema_enums_match_the_library():
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS
     assert CONFIDENCES == modules.CONFIDENCE_KINDS and REFERENCES == calibration.REFERENCES
     assert SCHEDULES == loop.SCHEDULES and SAMPLERS == loop.SAMPLERS and SELECT_MODES == select.MODES
+    assert UTILITIES == loop.UTILITIES
 
 
 def test_schema_keys_match_the_typed_configs():

@@ -177,16 +177,34 @@ def _greedy_max_entropy(space: SearchSpace, idx: np.ndarray, m: int) -> list[int
     return kept
 
 
-def entropy_pick(model: ProbModel, m: int, rng: np.random.Generator, pool_factor: int = 8,
-                 max_tries: int | None = None) -> list[Arch]:
-    """m distinct subnets from a pool of ~``pool_factor * m`` draws of P, chosen for choice entropy.
+def max_entropy(space: SearchSpace) -> float:
+    """Entropy (nats) of the uniform model: sum over decisions of log(choices)."""
+    return float(sum(math.log(len(d.choices)) for d in space.decisions))
 
-    Spreads the evaluations over the choices, so each choice's MLE frequency rests on more samples.
-    Returns fewer than m only when the pool itself is smaller (small space or concentrated P).
+
+def pool_size(model: ProbModel, m: int, pool_factor: int, shrink: bool = True) -> int:
+    """Draws the entropy pick chooses m from: ``pool_factor * m`` while P is uniform, shrinking
+    linearly with P's relative entropy to m (a plain draw) as P concentrates (``shrink``)."""
+    if not shrink:
+        return pool_factor * m
+    h_max = max_entropy(model.space)
+    ratio = 1.0 if h_max == 0 else min(max(model.entropy() / h_max, 0.0), 1.0)
+    return m + int(round((pool_factor - 1) * m * ratio))
+
+
+def entropy_pick(model: ProbModel, m: int, rng: np.random.Generator, pool_factor: int = 8,
+                 max_tries: int | None = None, shrink: bool = True) -> list[Arch]:
+    """m distinct subnets from a pool of :func:`pool_size` draws of P, chosen for choice entropy.
+
+    Spreads the evaluations over the choices, so each choice's MLE frequency rests on more samples;
+    the pool shrinks with P's entropy, so the spread never undoes the concentration the MLE built
+    (a fixed pool, ``shrink=False``, is the original rule: about 5x the evaluations of a plain draw
+    on the synthetic benchmark). Returns fewer than m only when the pool itself is smaller (small
+    space or concentrated P).
     """
     if m < 0 or pool_factor < 1:
         raise ValueError(f"need m >= 0 and pool_factor >= 1, got m={m}, pool_factor={pool_factor}")
-    pool = model._distinct_index(pool_factor * m, rng, max_tries)
+    pool = model._distinct_index(pool_size(model, m, pool_factor, shrink), rng, max_tries)
     if len(pool) > m:
         idx = np.array(pool, dtype=np.int64).reshape(len(pool), len(model.space.decisions))
         pool = [pool[i] for i in _greedy_max_entropy(model.space, idx, m)]
@@ -207,12 +225,103 @@ def final_pick(model: ProbModel, k: int, rng: np.random.Generator,
     return model.sample_distinct(k, rng, max_tries)
 
 
-def mle_update(prev: ProbModel, archs: Sequence[Arch], perf: torch.Tensor, temperature: float,
-               smoothing: float, step: float) -> ProbModel:
-    """P(i): softmax(perf / T)-weighted choice frequencies, Laplace-smoothed, mixed with P(i-1).
+UTILITIES = ("rank", "elite", "softmax")
 
-    ``new[c] = step * (freq[c] + s) / (1 + s * n) + (1 - step) * prev[c]``; differentiable in perf,
-    with prev held constant. The result takes perf's dtype and device.
+
+def _tie_average(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """``weights`` (given per position of ``values`` sorted best first) averaged within tied values."""
+    out = weights.copy()
+    start = 0
+    for end in range(1, len(values) + 1):
+        if end == len(values) or values[end] != values[start]:
+            out[start:end] = weights[start:end].mean()
+            start = end
+    return out
+
+
+def rank_weights(perf: np.ndarray | Sequence[float]) -> np.ndarray:
+    """Utilities from ranks alone (invariant to any strictly increasing transform of ``perf``).
+
+    Positions 1..n, best first, get CMA-ES's log weights ``max(0, log((n + 1) / 2) - log(i))``, so the
+    better half carries all the weight, the best the most; tied values share their positions' mean;
+    NaN and -inf (failed or invalid evaluations) get 0. The weights sum to 1, or are all 0 when no
+    value is usable (then the caller must not update). With one usable value it gets weight 1.
+    """
+    perf = np.asarray(perf, dtype=np.float64)
+    if perf.ndim != 1:
+        raise ValueError(f"perf must be 1-d, got shape {perf.shape}")
+    n = perf.shape[0]
+    usable = np.isfinite(perf) | (perf == np.inf)
+    weights = np.zeros(n)
+    if not usable.any():
+        return weights
+    key = np.where(usable, perf, -np.inf)
+    order = np.argsort(-key, kind="stable")
+    pos = np.arange(1, n + 1, dtype=np.float64)
+    base = np.maximum(0.0, math.log((n + 1) / 2) - np.log(pos)) if n > 1 else np.ones(1)
+    weights[order] = _tie_average(key[order], base)
+    weights[~usable] = 0.0
+    total = weights.sum()
+    if total <= 0:  # the usable values all tie in the lower half: share equally among them
+        weights = usable.astype(np.float64)
+        total = weights.sum()
+    return weights / total
+
+
+def elite_weights(perf: np.ndarray | Sequence[float], fraction: float = 0.25) -> np.ndarray:
+    """The cross-entropy method's utilities: equal weights on the best ``ceil(fraction * n)`` values
+    (ties share), 0 elsewhere and for NaN / -inf; rank-based like :func:`rank_weights`."""
+    perf = np.asarray(perf, dtype=np.float64)
+    n = perf.shape[0]
+    usable = np.isfinite(perf) | (perf == np.inf)
+    if not usable.any():
+        return np.zeros(n)
+    key = np.where(usable, perf, -np.inf)
+    order = np.argsort(-key, kind="stable")
+    base = (np.arange(n) < max(1, math.ceil(fraction * n))).astype(np.float64)
+    weights = np.zeros(n)
+    weights[order] = _tie_average(key[order], base)
+    weights[~usable] = 0.0
+    return weights / weights.sum()
+
+
+def utility_weights(perf: torch.Tensor, utility: str = "rank", temperature: float = 1.0) -> torch.Tensor:
+    """MLE weights (m,) summing to 1 (or all 0 when nothing is usable), in perf's dtype and device.
+
+    ``rank``: :func:`rank_weights` as the values, scale- and offset-free; the gradient (for the MI
+    term) flows through a straight-through surrogate ``softmax(z / T)`` of the standardised perf z,
+    which is scale-free too. ``elite``: :func:`elite_weights` (the cross-entropy method's rule; the
+    estimation-of-distribution baseline), same surrogate. ``softmax``: ``softmax(perf / T)`` on raw perf (the original rule, kept
+    as the ablation; its effective greediness depends on the objective's scale).
+    """
+    if utility not in UTILITIES:
+        raise ValueError(f"utility must be one of {UTILITIES}, got {utility!r}")
+    if utility == "softmax":
+        if torch.isnan(perf.detach()).any():
+            raise ValueError("perf contains NaN")
+        return torch.softmax(perf / temperature, dim=0)
+    ranker = rank_weights if utility == "rank" else elite_weights
+    hard = torch.as_tensor(ranker(perf.detach().cpu().double().numpy()), dtype=perf.dtype, device=perf.device)
+    if not perf.requires_grad:
+        return hard
+    usable = torch.isfinite(perf.detach())
+    if int(usable.sum()) < 2:
+        return hard
+    z = torch.where(usable, perf, torch.zeros_like(perf))
+    mean = z[usable].mean()
+    std = z[usable].std().clamp_min(1e-12)
+    soft = torch.softmax(torch.where(usable, (z - mean) / std / temperature, torch.full_like(z, -math.inf)), dim=0)
+    return hard + soft - soft.detach()
+
+
+def mle_update(prev: ProbModel, archs: Sequence[Arch], perf: torch.Tensor, temperature: float,
+               smoothing: float, step: float, utility: str = "rank") -> ProbModel:
+    """P(i): utility-weighted choice frequencies, Laplace-smoothed, mixed with P(i-1).
+
+    ``new[c] = step * (freq[c] + s) / (1 + s * n) + (1 - step) * prev[c]`` where ``freq`` sums the
+    weights of :func:`utility_weights`; differentiable in perf, with prev held constant. The result
+    takes perf's dtype and device. When no evaluation is usable (all NaN / -inf under ``rank``),
+    P(i) = P(i-1).
     """
     if temperature <= 0 or smoothing < 0 or not 0 < step <= 1:
         raise ValueError(f"need temperature > 0, smoothing >= 0, 0 < step <= 1; got "
@@ -222,9 +331,9 @@ def mle_update(prev: ProbModel, archs: Sequence[Arch], perf: torch.Tensor, tempe
                          f"got {tuple(perf.shape)}")
     if not perf.is_floating_point():
         perf = perf.double()
-    if torch.isnan(perf.detach()).any():
-        raise ValueError("perf contains NaN")
-    w = torch.softmax(perf / temperature, dim=0)  # (m,)
+    w = utility_weights(perf, utility, temperature)  # (m,)
+    if float(w.detach().sum()) == 0.0:
+        return ProbModel(prev.space, tuple(p.detach().to(perf) for p in prev.table))
     idx = torch.as_tensor(_index_matrix(prev.space, archs), device=perf.device)  # (m, D)
     table = []
     for j, (d, old) in enumerate(zip(prev.space.decisions, prev.table, strict=True)):
@@ -280,7 +389,8 @@ def mi_loss(prev_model: ProbModel, new_model: ProbModel, beta: float, eps: float
 
 def supernet_step_loss(task_losses: torch.Tensor, perf: torch.Tensor, prev_model: ProbModel,
                        archs: Sequence[Arch], *, temperature: float, smoothing: float, step: float,
-                       beta: float, eps: float = 1e-3) -> tuple[torch.Tensor, ProbModel, dict[str, Any]]:
+                       beta: float, eps: float = 1e-3, utility: str = "rank",
+                       ) -> tuple[torch.Tensor, ProbModel, dict[str, Any]]:
     """One method-B weight step, minus the model: loss, P(i) (detached, for the next step), info.
 
     ``task_losses`` (m,) and ``perf`` (m,) come from the m picked subnets run on the shared weights,
@@ -288,7 +398,7 @@ def supernet_step_loss(task_losses: torch.Tensor, perf: torch.Tensor, prev_model
     """
     if task_losses.dim() != 1 or task_losses.shape[0] != len(archs) or not archs:
         raise ValueError(f"task_losses must have shape ({len(archs)},), got {tuple(task_losses.shape)}")
-    new = mle_update(prev_model, archs, perf, temperature, smoothing, step)
+    new = mle_update(prev_model, archs, perf, temperature, smoothing, step, utility)
     task = task_losses.mean()
     mi = model_mi(prev_model, new) if beta > 0 else None
     term = None if mi is None else beta / (mi + eps)
@@ -300,93 +410,3 @@ def supernet_step_loss(task_losses: torch.Tensor, perf: torch.Tensor, prev_model
         "entropy": new.entropy(),
     }
     return loss, new.detach(), info
-
-
-@dataclass
-class SearchResult:
-    """What a black-box search returns; ``evaluated`` keeps (arch, perf) in first-evaluation order."""
-
-    model: ProbModel
-    history: list[dict[str, Any]]
-    evaluations: int
-    best_arch: Arch | None
-    best_perf: float
-    evaluated: list[tuple[Arch, float]] = field(default_factory=list)
-
-    def evaluations_until(self, accept: Callable[[Arch], bool]) -> int | None:
-        """How many evaluations it took to first evaluate an accepted arch (None: never)."""
-        return next((i + 1 for i, (a, _) in enumerate(self.evaluated) if accept(a)), None)
-
-
-def _evaluate_cached(archs: Sequence[Arch], evaluate: Callable[[Arch], float], cache: dict[Arch, float],
-                     budget: int | None) -> list[Arch]:
-    """Fill ``cache`` for ``archs``; returns the archs that have a score (new ones dropped past budget)."""
-    scored = []
-    for a in archs:
-        if a not in cache:
-            if budget is not None and len(cache) >= budget:
-                continue
-            cache[a] = float(evaluate(a))
-        scored.append(a)
-    return scored
-
-
-def _result(model: ProbModel, history: list[dict[str, Any]], cache: dict[Arch, float]) -> SearchResult:
-    best = max(cache, key=cache.__getitem__, default=None)
-    return SearchResult(model=model, history=history, evaluations=len(cache), best_arch=best,
-                        best_perf=-math.inf if best is None else cache[best], evaluated=list(cache.items()))
-
-
-def search_blackbox(space: SearchSpace, evaluate: Callable[[Arch], float], *, iterations: int, m: int,
-                    rng: np.random.Generator, temperature: float, smoothing: float, step: float,
-                    entropy_selection: bool = True, prior: ProbModel | None = None, pool_factor: int = 8,
-                    budget: int | None = None) -> SearchResult:
-    """Method B with a fixed scorer (no weights): pick, evaluate, fit P(i) by MLE, N times.
-
-    Each distinct arch is evaluated once (cached), and only first evaluations count. ``budget``
-    caps the count; the search stops when it is reached or an iteration has nothing to score.
-    """
-    if iterations < 0 or m < 1:
-        raise ValueError(f"need iterations >= 0 and m >= 1, got {iterations}, {m}")
-    model = ProbModel.uniform(space) if prior is None else prior
-    if model.space != space:
-        raise ValueError("prior is over a different search space")
-    cache: dict[Arch, float] = {}
-    history: list[dict[str, Any]] = []
-    for i in range(iterations):
-        if budget is not None and len(cache) >= budget:
-            break
-        picked = entropy_pick(model, m, rng, pool_factor) if entropy_selection else plain_pick(model, m, rng)
-        archs = _evaluate_cached(picked, evaluate, cache, budget)
-        if not archs:
-            break
-        perf = torch.tensor([cache[a] for a in archs], dtype=torch.float64)
-        model = mle_update(model, archs, perf, temperature, smoothing, step)
-        history.append({"iteration": i + 1, "entropy": model.entropy(), "best_perf": float(perf.max()),
-                        "mean_perf": float(perf.mean()), "most_likely": model.most_likely().key(),
-                        "evaluations": len(cache)})
-    return _result(model, history, cache)
-
-
-def _unrank(space: SearchSpace, rank: int) -> Arch:
-    """The arch at position ``rank`` of ``space.enumerate()`` (last decision varies fastest)."""
-    index = []
-    for d in reversed(space.decisions):
-        rank, r = divmod(rank, len(d.choices))
-        index.append(r)
-    return space.from_index(tuple(reversed(index)))
-
-
-def random_search(space: SearchSpace, evaluate: Callable[[Arch], float], budget: int,
-                  rng: np.random.Generator) -> SearchResult:
-    """Baseline: ``budget`` distinct archs uniformly at random (without replacement); no history."""
-    if budget < 0:
-        raise ValueError(f"budget must be >= 0, got {budget}")
-    n = min(budget, space.size())
-    if space.size() <= 10**7:
-        archs = [_unrank(space, int(r)) for r in rng.choice(space.size(), size=n, replace=False)]
-    else:
-        archs = ProbModel.uniform(space).sample_distinct(n, rng)
-    cache: dict[Arch, float] = {}
-    _evaluate_cached(archs, evaluate, cache, None)
-    return _result(ProbModel.uniform(space), [], cache)

@@ -28,7 +28,14 @@ from tqdm import tqdm
 
 from pipeline.io import atomic_path
 from pipeline.models.modules import NO_ARCH, SupernetModule, confidence, eval_mode
-from pipeline.search.probmodel import ProbModel, entropy_pick, model_mi, plain_pick, supernet_step_loss
+from pipeline.search.probmodel import (
+    UTILITIES,
+    ProbModel,
+    entropy_pick,
+    model_mi,
+    plain_pick,
+    supernet_step_loss,
+)
 from pipeline.search.space import Arch, SearchSpace
 from pipeline.train.data import ImageBatches
 from pipeline.train.losses import cost_aware_loss
@@ -79,6 +86,8 @@ class TrainConfig:
     lambda_c: float = 0.1  # cost weight in perf
     sandwich: bool = False  # supernets: also train the largest and the smallest path on every batch
     distill: float = 0.0  # supernets with sandwich: weight of in-place distillation from the largest path
+    utility: str = "rank"  # MLE weights from perf: rank (scale-free) | elite | softmax (raw perf / T, the original)
+    paired_perf: bool = True  # with sandwich: perf of a path is its CE minus the largest path's CE on the same images
 
     def __post_init__(self) -> None:
         for problem in _config_problems(self):
@@ -123,6 +132,8 @@ def _config_problems(c: TrainConfig) -> Iterator[str]:
         ("sandwich", isinstance(c.sandwich, bool), "a bool"),
         ("distill", _is_number(c.distill) and c.distill >= 0 and (c.distill == 0 or c.sandwich is True),
          "a number >= 0, and 0 unless sandwich is on (the largest path is the teacher)"),
+        ("utility", c.utility in UTILITIES, f"one of {UTILITIES}"),
+        ("paired_perf", isinstance(c.paired_perf, bool), "a bool"),
     ]
     for name, ok, wanted in checks:
         if not ok:
@@ -296,14 +307,19 @@ def _supernet_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor, archs: S
     task = torch.stack([c.loss for c in chunks])  # (m,)
     sandwich_loss = sum((c.loss for c in extra), torch.zeros((), device=x.device))
     cost = torch.tensor([p.cost(a) / p.cost_max for a in archs], dtype=torch.float64, device=x.device)
-    perf = -torch.stack([c.ce for c in chunks]).double() - p.lambda_c * cost  # (m,) differentiable
+    ce = torch.stack([c.ce for c in chunks]).double()  # (m,) differentiable
+    if cfg.paired_perf and teacher is not None:  # the same images through the largest path: removes
+        # the chunks' difficulty from the comparison of the m paths (a control variate; detached)
+        ce = ce - torch.stack([F.cross_entropy(tj, yj) for tj, yj in zip(teachers, y.tensor_split(n),
+                                                                          strict=True)]).double().detach()
+    perf = -ce - p.lambda_c * cost  # (m,) differentiable
     best, mean = torch.stack([perf.detach().max(), perf.detach().mean()]).tolist()
     info: dict[str, Any] = {"best_perf": best, "mean_perf": mean}
     if prev is None:
         return _StepOut(task.mean() + sandwich_loss, chunks, info, None)
     loss, new, step_info = supernet_step_loss(task, perf, prev, archs, temperature=cfg.temperature,
                                               smoothing=cfg.smoothing, step=cfg.step, beta=cfg.beta,
-                                              eps=cfg.mi_eps)
+                                              eps=cfg.mi_eps, utility=cfg.utility)
     mi = step_info["mi"]
     if mi is None and not prev.is_uniform():  # beta == 0: still log how much P(i-1), P(i) agree
         value = model_mi(prev, new)

@@ -1,0 +1,143 @@
+"""Black-box search methods side by side: evaluations until a top-0.1% architecture is evaluated.
+
+Benchmarks (each repeated over seeds; a miss within the budget counts as the budget):
+  synthetic x1, x0.01, x100, +offset   the synthetic family (pipeline.search.synthetic), its scores
+                                        scaled or shifted: a scale-free method gives identical counts
+  tabular:<name>                        real tabular NAS benchmarks from bench/tabular_nas.py (offline;
+                                        skipped with a note when the package is not installed)
+Methods: ours (the default of pipeline.search.search), ours with the plain pick, ours with the
+original raw-score softmax update (T 0.2, fixed entropy pool), random search, and a plain
+estimation-of-distribution baseline (50 plain draws, the best quarter, mixed in at rate 0.1).
+
+Run from the repository root: ``python -m bench.search_methods --repeats 30``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.io import write_json
+from pipeline.search.blackbox import SearchResult, random_search, search
+from pipeline.search.space import Arch, SearchSpace
+from pipeline.search.synthetic import make_synthetic
+
+Runner = Callable[[SearchSpace, Callable[[Arch], Any], int, int], SearchResult]
+
+METHODS: dict[str, Runner] = {
+    "ours (default)": lambda s, f, b, seed: search(s, f, budget=b, seed=seed),
+    "ours, plain pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="plain"),
+    "ours, fixed pool": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, shrink_pool=False),
+    "original (softmax T=0.2)": lambda s, f, b, seed: search(
+        s, f, budget=b, seed=seed, utility="softmax", temperature=0.2, smoothing=0.1, step=0.5,
+        pool_factor=8, shrink_pool=False),
+    "random search": lambda s, f, b, seed: random_search(s, f, budget=b, seed=seed),
+    "EDA (50, best 1/4, 0.1)": lambda s, f, b, seed: search(
+        s, f, budget=b, seed=seed, m=50, pick="plain", utility="elite", step=0.1, smoothing=0.0),
+}
+SCALES = {"synthetic x1": (1.0, 0.0), "synthetic x0.01": (0.01, 0.0), "synthetic x100": (100.0, 0.0),
+          "synthetic +1000": (1.0, 1000.0)}
+
+
+@dataclass(frozen=True)
+class Row:
+    benchmark: str
+    method: str
+    median: float
+    mean: float
+    success: float
+    median_vs_random: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Problem:
+    space: SearchSpace
+    objective: Callable[[Arch], Any]
+    target: Callable[[Arch], bool]
+
+
+def synthetic_problems(scale: float, offset: float, repeats: int, seed: int) -> list[Problem]:
+    out = []
+    for rep in range(repeats):
+        obj = make_synthetic(np.random.default_rng([seed, rep]))
+        top = obj.top_set(0.001)
+        out.append(Problem(obj.space, lambda a, f=obj: scale * f(a) + offset, top.__contains__))
+    return out
+
+
+def tabular_problems(name: str, repeats: int) -> list[Problem]:
+    from bench.tabular_nas import load_benchmark
+
+    bench = load_benchmark(name)
+    top = bench.top_set(0.001)
+    target = lambda a: bench.space.index(a) in top  # noqa: E731
+    return [Problem(bench.space, bench, target)] * repeats
+
+
+def run_benchmark(name: str, problems: list[Problem], budget: int, methods: dict[str, Runner],
+                  seed: int) -> tuple[list[Row], dict[str, list[int | None]]]:
+    hits: dict[str, list[int | None]] = {}
+    seconds: dict[str, float] = {}
+    for method, runner in methods.items():
+        t0 = time.perf_counter()
+        hits[method] = [runner(p.space, p.objective, budget, seed * 1000 + rep).evaluations_until(p.target)
+                        for rep, p in enumerate(problems)]
+        seconds[method] = time.perf_counter() - t0
+    counts = {m: [budget if h is None else h for h in hs] for m, hs in hits.items()}
+    random_median = statistics.median(counts["random search"]) if "random search" in counts else float("nan")
+    rows = [Row(name, m, float(statistics.median(c)), float(statistics.mean(c)),
+                sum(h is not None for h in hits[m]) / len(c), float(statistics.median(c)) / random_median,
+                seconds[m]) for m, c in counts.items()]
+    return rows, hits
+
+
+def table(rows: list[Row]) -> str:
+    head = (f"| benchmark | method | median evals | mean | found | median / random |\n"
+            f"| --- | --- | ---: | ---: | ---: | ---: |")
+    lines = [f"| {r.benchmark} | {r.method} | {r.median:.0f} | {r.mean:.0f} | {r.success:.0%} | "
+             f"{r.median_vs_random:.2f} |" for r in rows]
+    return "\n".join([head, *lines])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=30, help="objectives (synthetic) or seeds (tabular)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--budget", type=int, default=5000, help="distinct evaluations per run")
+    p.add_argument("--benchmarks", nargs="*", default=None,
+                   help="subset of names (default: every synthetic scale and every tabular benchmark)")
+    p.add_argument("--methods", nargs="*", default=None, help=f"subset of {list(METHODS)}")
+    p.add_argument("--out", type=Path, help="optional JSON file for settings, table rows and raw counts")
+    args = p.parse_args(argv)
+    methods = {k: v for k, v in METHODS.items() if args.methods is None or k in args.methods}
+    problems: dict[str, Callable[[], list[Problem]]] = {
+        name: (lambda s=s, o=o: synthetic_problems(s, o, args.repeats, args.seed)) for name, (s, o) in SCALES.items()}
+    try:
+        from bench.tabular_nas import BENCHMARKS
+        problems.update({f"tabular:{b}": (lambda b=b: tabular_problems(b, args.repeats)) for b in BENCHMARKS})
+    except ImportError as exc:
+        print(f"tabular benchmarks skipped: {exc}")
+    rows, raw = [], {}
+    for name, make in problems.items():
+        if args.benchmarks is not None and name not in args.benchmarks:
+            continue
+        found, hits = run_benchmark(name, make(), args.budget, methods, args.seed)
+        rows += found
+        raw[name] = hits
+        print(table(found), flush=True)
+    print("\n" + table(rows))
+    if args.out is not None:
+        write_json(args.out, {"settings": vars(args) | {"out": str(args.out)}, "rows": [asdict(r) for r in rows],
+                              "hits": raw})
+
+
+if __name__ == "__main__":
+    main()
