@@ -1,48 +1,51 @@
-"""The cascade as a registered model: the promotion gate, lineage tags, request payload decoding and
-the register workflow. Pure logic lives here; every MLflow call goes through :mod:`pipeline.tracking`.
+"""The cascade as a registered model: the promotion gate, lineage tags and the register workflow.
+Pure logic lives here; every MLflow call goes through :mod:`pipeline.tracking`, and request payloads
+(decoding, the pyfunc model's answer) live in :mod:`pipeline.payload`, re-exported here.
 
-A request is a DataFrame with one image per row, in one of two documented forms:
-
-- ``image``: base64-encoded PNG/JPEG bytes (any size; grey or colour), decoded, converted to the
-  model's channels and resized to its input exactly as ``cascade recognize`` reads files;
-- ``pixels``: a uint8 array (or nested lists) shaped (H, W) or (C, H, W) with C in {1, 3}, converted
-  and resized the same way when its shape differs from the model's.
+The dependencies run one way: ``registry -> tracking -> payload`` (tracking's pyfunc model class
+imports the payload module lazily); neither tracking nor payload imports this module.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import math
 import os
 import re
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import yaml
 
 from pipeline import tracking
 from pipeline.config import _check, _get, section
+from pipeline.payload import (  # re-exported: clients and bench import them from here
+    INPUT_COLUMNS,
+    OUTPUT_COLUMNS,
+    decode_payload,
+    encode_png,
+    image_frame,
+    png_b64,
+    predict_frame,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from pipeline.routing.package import LoadedCascade
+__all__ = ["CHALLENGER", "CHAMPION", "INPUT_COLUMNS", "OUTPUT_COLUMNS", "Decision", "RegisterConfig",
+           "accuracy_at", "curve_points", "decode_payload", "download_cascade", "encode_png", "gate",
+           "image_frame", "input_hashes", "lineage_tags", "log_version", "metrics_from_tags",
+           "parse_model_uri", "png_b64", "predict_frame", "promote", "register_cascade",
+           "save_cascade_pyfunc"]
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 GATE_METRICS = ("accuracy", "mean_macs")
 METRIC_TAG_PREFIX = "test."
+CURVE_TAG = "curve.test"  # the candidate's operating points, JSON [[mean_macs, accuracy], ...]
 LINEAGE_OUTS = ("data/prepared", "data/graded", "models/cascade")
-# Column name -> logical type; tracking turns these into the MLflow signature. A row fills one input.
-INPUT_COLUMNS = (("image", "string"), ("pixels", "any"))
-OUTPUT_COLUMNS = (("class_index", "long"), ("class_name", "string"), ("confidence", "double"),
-                  ("exit", "long"), ("subnets", "list[string]"), ("macs", "long"))
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[0-9]+))$")
 _TAG_UNSAFE = re.compile(r"[^\w./ :-]")
 
@@ -76,13 +79,63 @@ def _finite(metrics: Mapping[str, Any], key: str) -> float | None:
     return float(value)
 
 
+def curve_points(evaluated: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """The operating points ``(mean_macs, accuracy)`` of the evaluated cascade in evaluate's metrics:
+    the cascade itself (``cascade``), each exit alone (``each_exit``: everything exits there) and,
+    where present, the budget curve (``budget_curve``, top level or inside ``cascade``: one shared
+    threshold swept over [0, 1]). Each is a setting of the same model's thresholds; rows without finite
+    figures are skipped."""
+    rows: list[Any] = [evaluated.get("cascade")]
+    cascade = evaluated.get("cascade") if isinstance(evaluated.get("cascade"), Mapping) else {}
+    for group in (evaluated.get("each_exit"), evaluated.get("budget_curve"), cascade.get("budget_curve")):
+        if isinstance(group, Sequence) and not isinstance(group, str):
+            rows.extend(group)
+    points = []
+    for row in rows:
+        if isinstance(row, Mapping):
+            macs, acc = _finite(row, "mean_macs"), _finite(row, "accuracy")
+            if macs is not None and acc is not None:
+                points.append((macs, acc))
+    return sorted(set(points))
+
+
+def accuracy_at(points: Sequence[tuple[float, float]], macs: float) -> float | None:
+    """The accuracy a model with these operating points ``(mean_macs, accuracy)`` reaches at mean MACs
+    ``macs``: linear interpolation along their Pareto frontier (sorted by MACs, each point more
+    accurate than every cheaper one), flat beyond the most expensive frontier point; None below the
+    cheapest point (no figure at that cost). Routing a share of the inputs with each of two settings
+    reaches any point of the segment between them, so the figure is attainable, not extrapolated."""
+    pts = sorted((float(m), float(a)) for m, a in points if math.isfinite(m) and math.isfinite(a))
+    if not pts or macs < pts[0][0]:
+        return None
+    frontier: list[tuple[float, float]] = []
+    for m, a in pts:
+        if frontier and a <= frontier[-1][1]:
+            continue  # no more accurate than a cheaper point: off the frontier
+        if frontier and m == frontier[-1][0]:
+            frontier[-1] = (m, a)
+        else:
+            frontier.append((m, a))
+    for (m0, a0), (m1, a1) in zip(frontier, frontier[1:], strict=False):
+        if m0 <= macs <= m1:
+            return a0 + (a1 - a0) * (macs - m0) / (m1 - m0)
+    return frontier[-1][1]
+
+
 def gate(candidate: Mapping[str, float], champion: Mapping[str, float] | None, acc_tolerance: float,
-         macs_tolerance: float) -> tuple[bool, list[str]]:
+         macs_tolerance: float, curve: Sequence[tuple[float, float]] = ()) -> tuple[bool, list[str]]:
     """Whether the candidate may become champion, with one reason per check.
 
-    Passes when accuracy >= champion - ``acc_tolerance`` and average MACs <= champion x (1 +
-    ``macs_tolerance``); the first version (no champion) passes. A champion without figures cannot
-    be compared, so it is kept (move the alias by hand to replace it).
+    1. The first version (no champion) passes. A champion without figures cannot be compared, so it
+       is kept (move the alias by hand to replace it).
+    2. Accuracy: the candidate's accuracy >= champion - ``acc_tolerance``, always (a larger loss is
+       never traded for a lower cost).
+    3. Cost: average MACs <= champion x (1 + ``macs_tolerance``) passes. Above that cap the candidate is
+       compared at equal cost: its accuracy at the champion's average MACs, interpolated on its
+       operating points (``curve`` plus the candidate itself, see :func:`accuracy_at`), must be >=
+       champion - ``acc_tolerance``, and its own accuracy must exceed the champion's (the extra MACs
+       must buy accuracy). Without an operating point at or below the champion's MACs there is no
+       equal-cost figure and the cap holds.
     """
     for key in GATE_METRICS:
         if _finite(candidate, key) is None:
@@ -94,19 +147,39 @@ def gate(candidate: Mapping[str, float], champion: Mapping[str, float] | None, a
     if missing:
         return False, [f"the champion has no {' or '.join(missing)} to compare with: champion kept"]
     acc, macs = float(candidate["accuracy"]), float(candidate["mean_macs"])
-    floor = float(champion["accuracy"]) - acc_tolerance
-    cap = float(champion["mean_macs"]) * (1.0 + macs_tolerance)
+    champ_acc, champ_macs = float(champion["accuracy"]), float(champion["mean_macs"])
+    floor = champ_acc - acc_tolerance
+    cap = champ_macs * (1.0 + macs_tolerance)
     acc_ok, macs_ok = acc >= floor - 1e-12, macs <= cap * (1 + 1e-12)  # exact ties pass despite rounding
     reasons = [
-        f"accuracy {acc:.4f} {'>=' if acc_ok else '<'} {floor:.4f} (champion {champion['accuracy']:.4f} - "
+        f"accuracy {acc:.4f} {'>=' if acc_ok else '<'} {floor:.4f} (champion {champ_acc:.4f} - "
         f"{acc_tolerance:g}): {'ok' if acc_ok else 'fail'}",
-        f"mean MACs {macs:,.0f} {'<=' if macs_ok else '>'} {cap:,.0f} (champion {champion['mean_macs']:,.0f} "
-        f"x {1 + macs_tolerance:g}): {'ok' if macs_ok else 'fail'}",
+        f"mean MACs {macs:,.0f} {'<=' if macs_ok else '>'} {cap:,.0f} (champion {champ_macs:,.0f} "
+        f"x {1 + macs_tolerance:g}): {'ok' if macs_ok else 'over the cap, compared at equal cost'}",
     ]
-    return acc_ok and macs_ok, reasons
+    if macs_ok:
+        return acc_ok, reasons
+    points = [*curve, (macs, acc)]
+    at_cost = accuracy_at(points, champ_macs)
+    if at_cost is None:
+        cheapest = min(m for m, _ in points)
+        reasons.append(f"equal cost: no operating point at or below the champion's {champ_macs:,.0f} MACs "
+                       f"(cheapest {cheapest:,.0f}): fail")
+        return False, reasons
+    same_ok, gain_ok = at_cost >= floor - 1e-12, acc > champ_acc
+    reasons.append(f"equal cost: accuracy {at_cost:.4f} at the champion's {champ_macs:,.0f} MACs "
+                   f"{'>=' if same_ok else '<'} {floor:.4f}, and {acc - champ_acc:+.4f} accuracy for "
+                   f"{macs / champ_macs - 1:+.1%} MACs {'buys' if gain_ok else 'buys no'} accuracy: "
+                   f"{'ok' if same_ok and gain_ok else 'fail'}")
+    return acc_ok and same_ok and gain_ok, reasons
 
 
 # -------------------------------------------------------------------------------------------- lineage
+
+LINEAGE_SOURCE = ("run.*: hashed by register from its own inputs when it ran (DVC's md5: a file's bytes, "
+                  "a directory's .dir listing); dvc.*: read from dvc.lock before register's own entry is "
+                  "written (each stage's latest completed run; dvc.params.register is the previous "
+                  "register run's); test.*: evaluate's metrics; git_commit: the working tree")
 
 
 def _tag_key(text: str) -> str:
@@ -115,6 +188,33 @@ def _tag_key(text: str) -> str:
 
 def _params_hash(params: Any) -> str:
     return hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _md5_file(path: Path) -> str:
+    digest = hashlib.md5()  # noqa: S324 - DVC's content hash, not a security measure
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def dvc_md5(path: str | os.PathLike[str]) -> str:
+    """The md5 ``dvc.lock`` records for ``path``: of a file's bytes; of a directory, the md5 of the
+    JSON list of its files (``md5``, ``relpath``, sorted by path) with the suffix ``.dir``."""
+    path = Path(path)
+    if path.is_file():
+        return _md5_file(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} does not exist: cannot hash it for lineage")
+    entries = [{"md5": _md5_file(f), "relpath": f.relative_to(path).as_posix()}
+               for f in sorted(path.rglob("*")) if f.is_file()]
+    entries.sort(key=lambda e: e["relpath"])
+    return hashlib.md5(json.dumps(entries, sort_keys=True).encode()).hexdigest() + ".dir"  # noqa: S324
+
+
+def input_hashes(inputs: Mapping[str, str | os.PathLike[str]]) -> dict[str, str]:
+    """``{name: dvc_md5(path)}`` for a run's own inputs (name: the path as ``dvc.yaml`` spells it)."""
+    return {name: dvc_md5(path) for name, path in inputs.items()}
 
 
 def metric_tags(metrics: Mapping[str, float]) -> dict[str, str]:
@@ -134,11 +234,28 @@ def metrics_from_tags(tags: Mapping[str, str]) -> dict[str, float]:
 
 
 def lineage_tags(root: str | os.PathLike[str], dvc_lock_path: str | os.PathLike[str],
-                 metrics: Mapping[str, float], outs: Sequence[str] = LINEAGE_OUTS) -> dict[str, str]:
-    """Tags that trace a version back to its commit, data and params: the git commit, the ``dvc.lock``
-    md5 of each output in ``outs`` (``dvc.out.<path>``), a hash of each stage's params
-    (``dvc.params.<stage>``; equal hashes mean equal params) and the test metrics."""
-    tags = {"git_commit": tracking.git_commit(root)}
+                 metrics: Mapping[str, float], outs: Sequence[str] = LINEAGE_OUTS, *,
+                 inputs: Mapping[str, str] | None = None, params: Mapping[str, Any] | None = None,
+                 stage: str = "register") -> dict[str, str]:
+    """Tags that trace a version back to its commit, data and params.
+
+    - ``git_commit``; ``test.<metric>``: the test metrics;
+    - ``run.in.<name>``: ``inputs`` (name -> DVC md5, see :func:`input_hashes`), hashed by this run;
+      ``run.params.<stage>``: a hash of ``params`` (shaped as ``dvc.lock`` stores them, e.g.
+      ``{"params.yaml": {"register": {...}}}``, so equal hashes mean equal params);
+    - ``dvc.out.<path>`` / ``dvc.params.<stage>``: the ``dvc.lock`` md5 of each output in ``outs`` and
+      a hash of each stage's params, as the lock held them when this run read it: a stage's own
+      entry is written after it runs, so ``dvc.params.<stage>`` describes its previous run;
+    - ``lineage.lock_agrees``: whether each input that the lock records as some stage's output has
+      the md5 the lock gives it (``yes``, ``no: <names>``, or ``n/a``);
+    - ``lineage.source``: where each group of values came from.
+    """
+    tags = {"git_commit": tracking.git_commit(root), "lineage.source": LINEAGE_SOURCE}
+    hashed = dict(inputs or {})
+    for name, md5 in hashed.items():
+        tags[_tag_key(f"run.in.{name}")] = md5
+    if params is not None:
+        tags[_tag_key(f"run.params.{stage}")] = _params_hash(params)
     path = Path(dvc_lock_path)
     try:
         lock = yaml.safe_load(path.read_text())
@@ -146,149 +263,26 @@ def lineage_tags(root: str | os.PathLike[str], dvc_lock_path: str | os.PathLike[
         lock = None
     except yaml.YAMLError as exc:
         raise ValueError(f"{path} is not valid YAML: {exc}") from None
+    recorded: dict[str, str] = {}
     if not isinstance(lock, dict) or not isinstance(lock.get("stages"), dict):
         tags["dvc.lock"] = "missing"
     else:
         tags["dvc.lock"] = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-        for stage, entry in sorted(lock["stages"].items()):
+        for name, entry in sorted(lock["stages"].items()):
             if not isinstance(entry, dict):
                 continue
             for out in entry.get("outs") or []:
-                if isinstance(out, dict) and out.get("path") in outs and "md5" in out:
-                    tags[_tag_key(f"dvc.out.{out['path']}")] = str(out["md5"])
+                if isinstance(out, dict) and "md5" in out:
+                    recorded[str(out.get("path"))] = str(out["md5"])
+                    if out.get("path") in outs:
+                        tags[_tag_key(f"dvc.out.{out['path']}")] = str(out["md5"])
             if entry.get("params"):
-                tags[_tag_key(f"dvc.params.{stage}")] = _params_hash(entry["params"])
+                tags[_tag_key(f"dvc.params.{name}")] = _params_hash(entry["params"])
+    comparable = [name for name in hashed if name in recorded]
+    stale = [name for name in comparable if recorded[name] != hashed[name]]
+    tags["lineage.lock_agrees"] = ("n/a" if not comparable else f"no: {', '.join(stale)}" if stale else "yes")
     tags.update(metric_tags(metrics))
     return tags
-
-
-# -------------------------------------------------------------------------------------------- payload
-
-
-def _decoders() -> tuple[Any, Any, Any]:
-    with warnings.catch_warnings():  # torchvision flags its decoders as deprecated in favour of torchcodec
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from torchvision.io import ImageReadMode, decode_image, encode_png
-    return ImageReadMode, decode_image, encode_png
-
-
-def encode_png(image: np.ndarray) -> bytes:
-    """uint8 (C, H, W) -> PNG bytes (for input examples and clients)."""
-    import torch
-
-    _, _, encode = _decoders()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return encode(torch.from_numpy(np.ascontiguousarray(image))).numpy().tobytes()
-
-
-def _fit(image: Any, shape: Sequence[int]) -> np.ndarray:
-    """uint8 tensor (c, h, w) -> uint8 array of ``shape``: channels converted, then resized (bilinear,
-    antialiased) as :func:`pipeline.data.sources.resize_batch` does."""
-    import torch
-    from torchvision.transforms.v2 import functional as F
-
-    c, h, w = shape
-    if image.shape[0] != c and c == 1:  # ITU-R 601 luma, rounded: a grey RGB image keeps its values
-        weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
-        image = (image.float() * weights).sum(dim=0, keepdim=True).round().clamp(0, 255).to(torch.uint8)
-    elif image.shape[0] != c:
-        image = image.expand(c, -1, -1)
-    if tuple(image.shape[1:]) != (h, w):
-        image = F.resize(image[None], [h, w], antialias=True)[0]
-    return image.contiguous().numpy()
-
-
-def _b64_bytes(value: Any) -> bytes:
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("ascii", errors="replace")
-    if not isinstance(value, str):
-        raise ValueError(f"image must be a base64 string, got {type(value).__name__}")
-    if value.startswith("data:") and "," in value:
-        value = value.split(",", 1)[1]  # a data URI: data:image/png;base64,....
-    try:
-        data = base64.b64decode("".join(value.split()), validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError("image is not valid base64") from None
-    if not data:
-        raise ValueError("image is empty")
-    return data
-
-
-def _decode_image(value: Any, shape: Sequence[int]) -> np.ndarray:
-    import torch
-
-    read_mode, decode, _ = _decoders()
-    data = torch.frombuffer(bytearray(_b64_bytes(value)), dtype=torch.uint8)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            image = decode(data, mode=read_mode.GRAY if shape[0] == 1 else read_mode.RGB)  # (C, H, W)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"image cannot be decoded as PNG/JPEG: {str(exc).splitlines()[0]}") from None
-    return _fit(image, shape)
-
-
-def _decode_pixels(value: Any, shape: Sequence[int]) -> np.ndarray:
-    import torch
-
-    try:
-        array = np.asarray(value)
-    except ValueError:
-        array = np.asarray([], dtype=object)  # ragged nested lists
-    if array.dtype == object or array.dtype.kind not in "iu" or array.ndim not in (2, 3):
-        raise ValueError(f"pixels must be integers shaped (H, W) or (C, H, W), got "
-                         f"{array.dtype} {array.shape}")
-    if array.ndim == 2:
-        array = array[None]
-    if array.shape[0] not in (1, 3) or min(array.shape[1:]) < 1:
-        raise ValueError(f"pixels must be shaped (H, W) or (C, H, W) with C 1 or 3, got {array.shape}")
-    if array.min() < 0 or array.max() > 255:
-        raise ValueError(f"pixels must lie in 0..255, got {array.min()}..{array.max()}")
-    return _fit(torch.from_numpy(array.astype(np.uint8)), shape)
-
-
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int]) -> np.ndarray:
-    """A request DataFrame -> uint8 (N, C, H, W) for the model; a bad row raises a ValueError naming it."""
-    c, h, w = (int(v) for v in image_shape)
-    columns = [name for name, _ in INPUT_COLUMNS if name in frame.columns]
-    if not columns:
-        raise ValueError(f"the payload needs a column 'image' (base64 PNG/JPEG) or 'pixels' (uint8 arrays); "
-                         f"got columns {list(map(str, frame.columns))}")
-    images = []
-    for row in range(len(frame)):
-        given = [(col, frame[col].iloc[row]) for col in columns if not _missing(frame[col].iloc[row])]
-        if len(given) != 1:
-            raise ValueError(f"row {row}: give exactly one of {' or '.join(columns)}, got {len(given)}")
-        col, value = given[0]
-        try:
-            decode = _decode_image if col == "image" else _decode_pixels
-            images.append(decode(value, (c, h, w)))
-        except ValueError as exc:
-            raise ValueError(f"row {row}: {exc}") from None
-    return np.stack(images) if images else np.zeros((0, c, h, w), dtype=np.uint8)  # (N, C, H, W)
-
-
-def image_frame(images: np.ndarray) -> pd.DataFrame:
-    """uint8 (N, C, H, W) images -> a request DataFrame of base64 PNGs (the ``image`` form)."""
-    import pandas as pd
-
-    return pd.DataFrame({"image": [base64.b64encode(encode_png(im)).decode("ascii") for im in images]})
-
-
-def predict_frame(loaded: LoadedCascade, frame: pd.DataFrame, batch_size: int = 256) -> pd.DataFrame:
-    """The pyfunc model's answer: one row per request row, the same as :func:`recognize_arrays`."""
-    import pandas as pd
-
-    from pipeline.routing.package import recognize_arrays
-
-    images = decode_payload(frame, loaded.meta.image_shape)  # (N, C, H, W)
-    rows = recognize_arrays(loaded, images, batch_size) if len(images) else []
-    return pd.DataFrame(rows, columns=[name for name, _ in OUTPUT_COLUMNS])
 
 
 # --------------------------------------------------------------------------------------------- models
@@ -338,31 +332,52 @@ class Decision:
         return {**asdict(self), "model_uri": f"models:/{self.model_name}/{self.version}"}
 
 
+def log_version(model_dir: str | os.PathLike[str], cfg: RegisterConfig, example: pd.DataFrame) -> str:
+    """Log the cascade as a pyfunc model in the active run and register it as a new version of
+    ``cfg.model_name`` (no tag, no alias, no gate yet: see :func:`promote`); returns the version."""
+    return tracking.log_cascade_model(model_dir, cfg.model_name, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
+
+
+def promote(cfg: RegisterConfig, version: str | int, candidate: Mapping[str, float], tags: Mapping[str, str],
+            *, curve: Sequence[tuple[float, float]] = (), root: str | os.PathLike[str] = ".",
+            record: Callable[[Decision], None] | None = None) -> Decision:
+    """Gate ``version`` against the current champion and move the aliases, as one critical section.
+
+    Under :func:`pipeline.tracking.registry_lock` (an inter-process file lock of the store) it reads
+    the champion, runs :func:`gate`, tags the version (``tags``, e.g. :func:`lineage_tags`, plus the
+    candidate's metrics and ``curve``, which later gates read, and the decision), points
+    ``challenger`` at it, moves ``champion`` to it if it passed, and calls ``record(decision)`` (the
+    stage writes ``register.json`` there). So concurrent runs on one store each gate against the
+    champion the previous one left, exactly one version is champion, and every recorded decision
+    agrees with the registry when it is recorded."""
+    with tracking.registry_lock(root):
+        previous = tracking.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
+        previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
+        passed, reasons = gate(candidate, previous_metrics, cfg.acc_tolerance, cfg.macs_tolerance, curve)
+        decision_tags = {"gate": "passed" if passed else "failed", "gate.reasons": " | ".join(reasons)}
+        if curve:
+            decision_tags[CURVE_TAG] = json.dumps([[m, a] for m, a in curve])
+        all_tags = {**tags, **metric_tags(candidate), **decision_tags}
+        tracking.set_version_tags(cfg.model_name, version, all_tags, root=root)
+        tracking.set_alias(cfg.model_name, CHALLENGER, version, root=root)
+        if passed:
+            tracking.set_alias(cfg.model_name, CHAMPION, version, root=root)
+        before = None if previous is None else int(previous["version"])
+        decision = Decision(cfg.model_name, int(version), passed, reasons, dict(candidate), before,
+                            previous_metrics, int(version) if passed else before)
+        if record is not None:
+            record(decision)
+    return decision
+
+
 def register_cascade(model_dir: str | os.PathLike[str], cfg: RegisterConfig, candidate: Mapping[str, float],
-                     tags: Mapping[str, str], example: pd.DataFrame, *, root: str | os.PathLike[str] = "."
-                     ) -> Decision:
-    """Log and register the cascade in the active run, tag it (``tags``, e.g. :func:`lineage_tags`, plus
-    the candidate's metrics, which the next gate reads), point ``challenger`` at it and move
-    ``champion`` to it if it passes the gate against the champion it found."""
-    previous = tracking.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
-    previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
-    passed, reasons = gate(candidate, previous_metrics, cfg.acc_tolerance, cfg.macs_tolerance)
-    version = tracking.log_cascade_model(model_dir, cfg.model_name, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
-    decision_tags = {"gate": "passed" if passed else "failed", "gate.reasons": " | ".join(reasons)}
-    tracking.set_version_tags(cfg.model_name, version, {**tags, **metric_tags(candidate), **decision_tags},
-                              root=root)
-    tracking.set_alias(cfg.model_name, CHALLENGER, version, root=root)
-    if passed:
-        tracking.set_alias(cfg.model_name, CHAMPION, version, root=root)
-    before = None if previous is None else int(previous["version"])
-    return Decision(cfg.model_name, int(version), passed, reasons, dict(candidate), before, previous_metrics,
-                    int(version) if passed else before)
-
-
-def png_b64(path: str | os.PathLike[str]) -> str:
-    """A file's bytes as base64 text: what a client puts in the ``image`` column."""
-    return base64.b64encode(Path(path).read_bytes()).decode("ascii")
-
+                     tags: Mapping[str, str], example: pd.DataFrame, *, root: str | os.PathLike[str] = ".",
+                     curve: Sequence[tuple[float, float]] = (),
+                     record: Callable[[Decision], None] | None = None) -> Decision:
+    """Log and register the cascade in the active run (:func:`log_version`, outside the lock: it is the
+    slow part), then gate it and move the aliases (:func:`promote`, under the lock)."""
+    version = log_version(model_dir, cfg, example)
+    return promote(cfg, version, candidate, tags, curve=curve, root=root, record=record)
 
 
 def save_cascade_pyfunc(model_dir: str | os.PathLike[str], path: str | os.PathLike[str],

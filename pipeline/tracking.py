@@ -1,12 +1,26 @@
 """The only module that imports mlflow. Each stage is one MLflow run, tagged with the stage, the git
-commit and the pipeline execution it belongs to."""
+commit and the pipeline execution it belongs to.
+
+Concurrent processes on one embedded SQLite store are serialized by an inter-process file lock next
+to it (``<db>.lock``, :func:`store_lock`): the first use of the store in a process (creating its
+tables on a new store) and the registry's read-gate-promote section (:func:`registry_lock`) run under
+it. Other stores (a tracking server) get one lock file per URI in the temporary directory, which
+covers the processes of this machine only; a server creates its own tables.
+
+This module never imports :mod:`pipeline.registry`; its pyfunc model class answers requests with
+:mod:`pipeline.payload`.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
+import hashlib
 import os
 import subprocess
+import tempfile
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,6 +34,92 @@ EXECUTION_ENV = "CASCADE_EXECUTION_ID"
 def default_tracking_uri(root: str | os.PathLike[str]) -> str:
     """``MLFLOW_TRACKING_URI`` if set, else an embedded SQLite store ``mlflow.db`` in ``root``."""
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(root).resolve() / 'mlflow.db'}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of an embedded SQLite store URI (``sqlite:///path``), else None."""
+    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+
+
+def store_lock_path(uri: str) -> Path:
+    """The lock file of a store: ``<db>.lock`` next to an SQLite database, else one per URI in the
+    temporary directory."""
+    db = sqlite_path(uri)
+    if db is not None:
+        return db.with_name(db.name + ".lock")
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"cascade-mlflow-{digest}.lock"
+
+
+_LOCKS: dict[str, list[Any]] = {}  # resolved path -> [thread lock, depth, fd]
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """An exclusive inter-process lock (``fcntl.flock``) on ``path``, created if missing; reentrant
+    within a thread (a nested call holds the same lock), exclusive between threads and processes.
+    The kernel drops it when its holder exits, so a crashed run never leaves it held."""
+    key = str(Path(path).resolve())
+    with _LOCKS_GUARD:
+        entry = _LOCKS.setdefault(key, [threading.RLock(), 0, -1])
+    with entry[0]:
+        if entry[1] == 0:
+            Path(key).parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except BaseException:
+                os.close(fd)
+                raise
+            entry[2] = fd
+        entry[1] += 1
+        try:
+            yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                fd, entry[2] = entry[2], -1
+                os.close(fd)  # releases the flock
+
+
+@contextlib.contextmanager
+def store_lock(uri: str) -> Iterator[None]:
+    """The store's inter-process lock (see :func:`store_lock_path`)."""
+    with file_lock(store_lock_path(uri)):
+        yield
+
+
+_READY: set[str] = set()
+
+
+def ensure_store(uri: str) -> None:
+    """Open an embedded SQLite store once per process under its lock, so that of several processes
+    starting on a new store exactly one creates the tables (MLflow's migrations are not safe to run
+    twice at once: the loser fails with ``duplicate column name``) and the others wait for it."""
+    if uri in _READY:
+        return
+    if sqlite_path(uri) is not None:
+        import logging
+
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        from mlflow import MlflowClient
+
+        with store_lock(uri):
+            client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            client.search_experiments(max_results=1)  # the tracking tables
+            client.search_registered_models(max_results=1)  # the registry tables
+    _READY.add(uri)
+
+
+@contextlib.contextmanager
+def registry_lock(root: str | os.PathLike[str] = ".") -> Iterator[None]:
+    """Hold the store's lock (see :func:`store_lock_path`) for a read-decide-write section of the
+    registry, e.g. reading the champion, gating and moving the aliases."""
+    uri = default_tracking_uri(root)
+    ensure_store(uri)
+    with store_lock(uri):
+        yield
 
 
 def git_commit(root: str | os.PathLike[str]) -> str:
@@ -97,20 +197,35 @@ class StageRun:
 @contextlib.contextmanager
 def stage_run(stage: str, *, experiment: str, root: str | os.PathLike[str] = ".",
               params: Mapping[str, Any] | None = None) -> Iterator[StageRun]:
-    """Open an MLflow run for one stage; a failing stage ends its run with status FAILED."""
+    """Open an MLflow run for one stage; a failing stage ends its run with status FAILED.
+
+    MLflow exports the URIs it is given as ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``; they are
+    restored on exit, so a later run in the same process with another ``root`` uses that root's store
+    (else :func:`default_tracking_uri` would keep answering the first one)."""
     import logging
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
     import mlflow
 
-    mlflow.set_tracking_uri(default_tracking_uri(root))
-    mlflow.set_experiment(experiment)
-    tags = {"stage": stage, "git_commit": git_commit(root), "pipeline_execution": execution_id()}
-    with mlflow.start_run(run_name=stage, tags=tags) as run:
-        handle = StageRun(mlflow, run.info.run_id)
-        if params:
-            handle.log_params(params)
-        yield handle
+    uri = default_tracking_uri(root)
+    ensure_store(uri)
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+    try:
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)  # the registry follows, whatever store this process used before
+        mlflow.set_experiment(experiment)
+        tags = {"stage": stage, "git_commit": git_commit(root), "pipeline_execution": execution_id()}
+        with mlflow.start_run(run_name=stage, tags=tags) as run:
+            handle = StageRun(mlflow, run.info.run_id)
+            if params:
+                handle.log_params(params)
+            yield handle
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 # ------------------------------------------------------------------------------------ model registry
@@ -125,6 +240,7 @@ def _client(root: str | os.PathLike[str] = ".") -> Any:
     from mlflow import MlflowClient
 
     uri = default_tracking_uri(root)
+    ensure_store(uri)
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
@@ -235,6 +351,7 @@ def download_model_artifacts(uri: str, dst: str | os.PathLike[str] | None = None
     if tracking_uri.startswith("sqlite:///") and not Path(tracking_uri[len("sqlite:///"):]).is_file():
         raise FileNotFoundError(f"no MLflow store at {tracking_uri}: run from the repository root or set "
                                 "MLFLOW_TRACKING_URI")
+    ensure_store(tracking_uri)
     import mlflow.artifacts
 
     _quiet()
@@ -254,7 +371,7 @@ def _cascade_model_class() -> type:
     from mlflow.exceptions import MlflowException
 
     class CascadeModel(mlflow.pyfunc.PythonModel):
-        """Answers a DataFrame of images (see :mod:`pipeline.registry`) with the cascade's rows."""
+        """Answers a DataFrame of images (see :mod:`pipeline.payload`) with the cascade's rows."""
 
         def load_context(self, context: Any) -> None:
             from pipeline.routing.package import load_cascade
@@ -263,7 +380,7 @@ def _cascade_model_class() -> type:
 
         def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
                     ) -> pd.DataFrame:
-            from pipeline.registry import predict_frame
+            from pipeline.payload import predict_frame
 
             if not isinstance(model_input, pd.DataFrame):
                 model_input = pd.DataFrame(model_input)

@@ -1,7 +1,9 @@
 """Register the calibrated cascade in the MLflow model registry: log it as a pyfunc model (with a
 signature and a real test image as input example), register a version tagged with its lineage (git
-commit, dvc.lock hashes of data and params) and test metrics, point `challenger` at it, and move
-`champion` to it only if it passes the gate against the current champion."""
+commit, DVC md5s of this run's own inputs, dvc.lock hashes of data and params) and test metrics, point
+`challenger` at it, and move `champion` to it only if it passes the gate against the current champion
+(compared at equal cost when it costs more; see pipeline.registry.gate). Reading the champion, the
+gate, the aliases and writing --out happen under the store's lock, so concurrent runs agree."""
 
 from __future__ import annotations
 
@@ -9,16 +11,34 @@ from pathlib import Path
 
 from pipeline.config import TrackingConfig
 from pipeline.io import load_split, read_json, write_json
-from pipeline.registry import GATE_METRICS, RegisterConfig, image_frame, lineage_tags, register_cascade
+from pipeline.registry import (
+    GATE_METRICS,
+    RegisterConfig,
+    curve_points,
+    image_frame,
+    input_hashes,
+    lineage_tags,
+    log_version,
+    promote,
+)
 from pipeline.tracking import stage_run
 from stages.common import StageFailed, cli, params_of, parser
+
+
+def _name(path: Path, root: Path) -> str:
+    """``path`` as dvc.yaml names it: relative to the repository root when inside it."""
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return path.as_posix()
 
 
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("register", __doc__)
     p.add_argument("--model", type=Path, required=True, help="calibrated cascade (model directory)")
-    p.add_argument("--metrics-in", type=Path, required=True, help="evaluate's metrics JSON (key 'cascade')")
+    p.add_argument("--metrics-in", type=Path, required=True,
+                   help="evaluate's metrics JSON (key 'cascade'; 'each_exit' and 'budget_curve' if present)")
     p.add_argument("--data", type=Path, required=True, help="directory written by ingest (input example)")
     p.add_argument("--lock", type=Path, default=None,
                    help="dvc.lock read for lineage tags (default: ROOT/dvc.lock)")
@@ -26,17 +46,23 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     cfg = RegisterConfig.from_params(params)
-    evaluated = read_json(args.metrics_in).get("cascade") or {}
-    missing = [key for key in GATE_METRICS if not isinstance(evaluated.get(key), int | float)]
+    evaluated = read_json(args.metrics_in)
+    cascade = evaluated.get("cascade") or {}
+    missing = [key for key in GATE_METRICS if not isinstance(cascade.get(key), int | float)]
     if missing:
         raise StageFailed(f"{args.metrics_in} has no cascade {', '.join(missing)}")
-    candidate = {key: float(evaluated[key]) for key in GATE_METRICS}
-    tags = lineage_tags(args.root, args.lock or args.root / "dvc.lock", candidate)
+    candidate = {key: float(cascade[key]) for key in GATE_METRICS}
+    curve = curve_points(evaluated)
+    test_file = args.data / "test.npz"
+    own = input_hashes({_name(path, args.root): path for path in (args.model, args.metrics_in, test_file)})
+    tags = lineage_tags(args.root, args.lock or args.root / "dvc.lock", candidate, inputs=own,
+                        params={args.params.name: {"register": params["register"]}})
     example = image_frame(load_split(args.data, "test").images[:1])
     with stage_run("register", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"register": params["register"], "model": str(args.model)}) as run:
-        decision = register_cascade(args.model, cfg, candidate, tags, example, root=args.root)
-        write_json(args.out, decision.to_dict())
+        version = log_version(args.model, cfg, example)
+        decision = promote(cfg, version, candidate, tags, curve=curve, root=args.root,
+                           record=lambda d: write_json(args.out, d.to_dict()))
         run.log_metrics({"gate_passed": float(decision.passed), "registered_version": decision.version})
         run.set_tags({"gate": "passed" if decision.passed else "failed",
                       "gate.reasons": " | ".join(decision.reasons),

@@ -30,10 +30,15 @@ from pipeline.io import Split, save_split, write_json
 from pipeline.registry import (
     CHALLENGER,
     CHAMPION,
+    CURVE_TAG,
     RegisterConfig,
+    accuracy_at,
+    curve_points,
     decode_payload,
+    dvc_md5,
     gate,
     image_frame,
+    input_hashes,
     lineage_tags,
     metrics_from_tags,
     parse_model_uri,
@@ -60,6 +65,32 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return write_image_files(tmp_path_factory.mktemp("images"))
 
 
+# ------------------------------------------------------------------------------------------- modules
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module a source file imports, at any depth (lazy imports inside functions included)."""
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_no_import_cycle() -> None:
+    """registry -> tracking -> payload, one way only (tracking's pyfunc class answers with payload)."""
+    pkg = Path(__file__).resolve().parents[1] / "pipeline"
+    registry, tracking_, payload = (imported_modules(pkg / f"{name}.py")
+                                    for name in ("registry", "tracking", "payload"))
+    assert "pipeline.tracking" in registry and "pipeline.payload" in registry
+    assert "pipeline.payload" in tracking_ and "pipeline.registry" not in tracking_
+    assert not {"pipeline.registry", "pipeline.tracking"} & payload
+
+
 # ----------------------------------------------------------------------------------------------- gate
 
 
@@ -68,19 +99,80 @@ def test_first_version_passes() -> None:
         True, ["no champion yet: the first version passes"])
 
 
-@pytest.mark.parametrize(("accuracy", "macs", "passed", "failing"), [
+def failing(reasons: list[str]) -> list[str]:
+    """The checks a gate's reasons mark as failed: accuracy, mean MACs, equal cost."""
+    return [next(name for name in ("accuracy", "mean MACs", "equal cost") if r.startswith(name))
+            for r in reasons if r.endswith(": fail")]
+
+
+@pytest.mark.parametrize(("accuracy", "macs", "passed", "failed"), [
     (0.900, 1000.0, True, []),
     (0.898, 1050.0, True, []),  # both exactly at the tolerance
     (0.8979, 1000.0, False, ["accuracy"]),
-    (0.950, 1050.1, False, ["mean MACs"]),
-    (0.800, 2000.0, False, ["accuracy", "mean MACs"]),
+    (0.950, 1050.1, False, ["equal cost"]),  # over the cap, and no figure at the champion's cost
+    (0.800, 2000.0, False, ["accuracy", "equal cost"]),
 ])
-def test_gate_tolerances(accuracy: float, macs: float, passed: bool, failing: list[str]) -> None:
+def test_gate_tolerances(accuracy: float, macs: float, passed: bool, failed: list[str]) -> None:
     ok, reasons = gate({"accuracy": accuracy, "mean_macs": macs}, {"accuracy": 0.9, "mean_macs": 1000.0},
                        0.002, 0.05)
-    assert ok is passed and len(reasons) == 2
-    failed = [r.split(" (")[0] for r in reasons if r.endswith("fail")]
-    assert [r.rsplit(" ", 3)[0] for r in failed] == failing
+    assert ok is passed and len(reasons) == (2 if macs <= 1050.0 else 3)
+    assert failing(reasons) == failed
+
+
+def test_accuracy_at() -> None:
+    points = [(100.0, 0.80), (200.0, 0.90), (150.0, 0.70), (300.0, 0.95), (200.0, 0.85), (400.0, 0.94)]
+    assert accuracy_at([], 100.0) is None
+    assert accuracy_at(points, 99.0) is None  # below the cheapest point: no figure
+    assert accuracy_at(points, 100.0) == pytest.approx(0.80)
+    assert accuracy_at(points, 150.0) == pytest.approx(0.85)  # (150, 0.70) is off the frontier
+    assert accuracy_at(points, 200.0) == pytest.approx(0.90)  # the better of the two at 200
+    assert accuracy_at(points, 250.0) == pytest.approx(0.925)
+    assert accuracy_at(points, 1e9) == pytest.approx(0.95)  # flat beyond; (400, 0.94) is dominated
+    assert accuracy_at([(5.0, 0.5), (float("nan"), 0.9)], 10.0) == 0.5
+
+
+def test_curve_points() -> None:
+    budget = [{"accuracy": 0.9, "mean_macs": 2.0e6}, {"accuracy": 0.9, "mean_macs": 2.0e6}]
+    evaluated = {"cascade": {"accuracy": 0.92, "mean_macs": 2.4e6, "budget_curve": [
+                     {"threshold": 0.5, "accuracy": 0.91, "mean_macs": 2.2e6}]},
+                 "each_exit": [{"exit": 1, "accuracy": 0.8975, "mean_macs": 1.95e6},
+                               {"exit": 2, "accuracy": None, "mean_macs": 4.7e6}, "junk"],
+                 "budget_curve": budget}
+    assert curve_points(evaluated) == [(1.95e6, 0.8975), (2.0e6, 0.9), (2.2e6, 0.91), (2.4e6, 0.92)]
+    assert curve_points({"cascade": {"accuracy": 0.5}}) == []
+
+
+def test_gate_trades_cost_for_accuracy_at_equal_cost() -> None:
+    champion = {"accuracy": 0.90, "mean_macs": 1000.0}
+    candidate = {"accuracy": 0.93, "mean_macs": 1096.0}  # +9.6% MACs: over the 5% cap
+    assert failing(gate(candidate, champion, 0.002, 0.05)[1]) == ["equal cost"]  # no curve: the cap holds
+    # a cheaper setting of the candidate: at 1000 MACs it reaches 0.88 + 0.05 * 200 / 296 = 0.9138
+    ok, reasons = gate(candidate, champion, 0.002, 0.05, [(800.0, 0.88), (1096.0, 0.93)])
+    assert ok and len(reasons) == 3 and reasons[2].startswith("equal cost: accuracy 0.9138 at the champion's")
+    assert "+0.0300 accuracy for +9.6% MACs buys accuracy: ok" in reasons[2]
+    # worse than the champion at its cost: 0.85 + 0.08 * 50 / 146 = 0.8774 < 0.898
+    ok, reasons = gate(candidate, champion, 0.002, 0.05, [(950.0, 0.85)])
+    assert not ok and failing(reasons) == ["equal cost"] and "accuracy 0.8774" in reasons[2]
+    # as good at equal cost, but the extra MACs buy no accuracy
+    ok, reasons = gate({"accuracy": 0.899, "mean_macs": 1200.0}, champion, 0.002, 0.05, [(900.0, 0.95)])
+    assert not ok and "buys no accuracy: fail" in reasons[2]
+    # a loss beyond the tolerance is never traded, whatever the curve
+    ok, reasons = gate({"accuracy": 0.89, "mean_macs": 500.0}, champion, 0.002, 0.05, [(500.0, 0.89)])
+    assert not ok and failing(reasons) == ["accuracy"]
+
+
+def test_gate_on_the_default_runs_figures() -> None:
+    """metrics/evaluate.json of the default run as the candidate: exit 1 alone and the cascade."""
+    evaluated = {"cascade": {"accuracy": 0.9192, "mean_macs": 2443844.3648},
+                 "each_exit": [{"exit": 1, "accuracy": 0.8975, "mean_macs": 1953280.0},
+                               {"exit": 2, "accuracy": 0.9224, "mean_macs": 4729600.0},
+                               {"exit": 3, "accuracy": 0.9131, "mean_macs": 6273152.0}]}
+    candidate = evaluated["cascade"]
+    curve = curve_points(evaluated)
+    at = accuracy_at(curve, 2.2e6)
+    assert at == pytest.approx(0.8975 + (0.9192 - 0.8975) * (2.2e6 - 1953280.0) / (2443844.3648 - 1953280.0))
+    assert not gate(candidate, {"accuracy": 0.915, "mean_macs": 2.2e6}, 0.002, 0.05, curve)[0]  # 0.9084
+    assert gate(candidate, {"accuracy": 0.905, "mean_macs": 2.3e6}, 0.002, 0.05, curve)[0]  # 0.9128 >= 0.903
 
 
 def test_gate_bad_figures() -> None:
@@ -125,6 +217,8 @@ def test_lineage_tags(tmp_path: Path) -> None:
         "dvc.params.ingest", "dvc.params.grade", "dvc.params.train.m1"}
     assert tags["git_commit"] == "unknown"  # tmp_path is no git repository
     assert metrics_from_tags(tags) == {"accuracy": 0.91, "mean_macs": 1234.5}
+    assert tags["lineage.lock_agrees"] == "n/a"
+    assert "dvc.params.register is the previous" in tags["lineage.source"]
     LOCK["stages"]["grade"]["params"]["params.yaml"]["grade"]["folds"] = 4
     lock.write_text(yaml.safe_dump(LOCK))
     changed = lineage_tags(tmp_path, lock, {})
@@ -132,6 +226,48 @@ def test_lineage_tags(tmp_path: Path) -> None:
     assert changed["dvc.params.grade"] != tags["dvc.params.grade"]
     assert changed["dvc.params.ingest"] == tags["dvc.params.ingest"]
     assert lineage_tags(tmp_path, tmp_path / "none.lock", {})["dvc.lock"] == "missing"
+
+
+def test_lineage_of_the_run_itself(tmp_path: Path) -> None:
+    """Own inputs are hashed now (DVC's md5), compared with what dvc.lock recorded, and the run's own
+    params hash equals the lock's when the params did not change."""
+    (tmp_path / "data" / "graded").mkdir(parents=True)
+    (tmp_path / "data" / "graded" / "a.txt").write_text("x")
+    lock = {"schema": "2.0", "stages": {
+        "grade": {"cmd": "x", "outs": [{"path": "data/graded", "md5": dvc_md5(tmp_path / "data/graded")}]},
+        "register": {"cmd": "x", "params": {"params.yaml": {"register": {"acc_tolerance": 0.002}}}}}}
+    (tmp_path / "dvc.lock").write_text(yaml.safe_dump(lock))
+    inputs = input_hashes({"data/graded": tmp_path / "data/graded"})
+    params = {"params.yaml": {"register": {"acc_tolerance": 0.002}}}
+    tags = lineage_tags(tmp_path, tmp_path / "dvc.lock", {}, inputs=inputs, params=params)
+    assert tags["run.in.data/graded"] == tags["dvc.out.data/graded"] == inputs["data/graded"]
+    assert tags["run.params.register"] == tags["dvc.params.register"]
+    assert tags["lineage.lock_agrees"] == "yes"
+    (tmp_path / "data" / "graded" / "a.txt").write_text("changed after dvc.lock was written")
+    inputs = input_hashes({"data/graded": tmp_path / "data/graded"})
+    tags = lineage_tags(tmp_path, tmp_path / "dvc.lock", {}, inputs=inputs,
+                        params={"params.yaml": {"register": {"acc_tolerance": 0.01}}})
+    assert tags["run.in.data/graded"] != tags["dvc.out.data/graded"]
+    assert tags["lineage.lock_agrees"] == "no: data/graded"
+    assert tags["run.params.register"] != tags["dvc.params.register"]
+    with pytest.raises(FileNotFoundError, match="cannot hash"):
+        input_hashes({"x": tmp_path / "missing"})
+
+
+def test_dvc_md5_matches_dvc(tmp_path: Path) -> None:
+    build = pytest.importorskip("dvc_data.hashfile.build").build
+    from dvc.fs import LocalFileSystem
+    from dvc_data.hashfile.db import HashFileDB
+
+    (tmp_path / "m" / "sub").mkdir(parents=True)
+    (tmp_path / "m" / "cascade.json").write_text('{"a": 1}\n')
+    (tmp_path / "m" / "sub" / "w.pt").write_bytes(bytes(range(256)) * 50)
+    (tmp_path / "m" / "b.txt").write_text("b")
+    fs = LocalFileSystem()
+    _, _, tree = build(HashFileDB(fs, str(tmp_path / "odb")), str(tmp_path / "m"), fs, "md5")
+    assert dvc_md5(tmp_path / "m") == tree.hash_info.value
+    _, _, obj = build(HashFileDB(fs, str(tmp_path / "odb")), str(tmp_path / "m" / "cascade.json"), fs, "md5")
+    assert dvc_md5(tmp_path / "m" / "cascade.json") == obj.hash_info.value
 
 
 def test_parse_model_uri() -> None:
@@ -254,17 +390,34 @@ def test_register_stage_on_the_embedded_store(tmp_path: Path, model_dir: Path,
     tags = champion["tags"]
     assert tags["dvc.out.data/prepared"] == "aaa.dir" and tags["gate"] == "passed"
     assert "git_commit" in tags and metrics_from_tags(tags) == {"accuracy": 0.9, "mean_macs": 1000.0}
+    # lineage of this run itself: its inputs hashed when it ran, its params as dvc.lock would store them
+    assert tags["run.in.metrics/evaluate.json"] == dvc_md5(root / "metrics/evaluate.json")
+    assert tags["run.in.data/prepared/test.npz"] == dvc_md5(root / "data/prepared/test.npz")
+    assert tags[f"run.in.{model_dir.as_posix()}"] == dvc_md5(model_dir)  # outside the root: as given
+    assert tags["run.params.register"] and tags["lineage.lock_agrees"] == "n/a"
+    assert "lineage.source" in tags
 
     write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.95, "mean_macs": 1100.0}})
     assert run_stage(root, model_dir) == 0
     second = json.loads((root / "metrics/register.json").read_text())
     assert second["version"] == 2 and not second["passed"] and second["champion"] == 1
     assert second["previous_champion_metrics"] == {"accuracy": 0.9, "mean_macs": 1000.0}
-    assert any("mean MACs" in r and r.endswith("fail") for r in second["reasons"])
+    assert failing(second["reasons"]) == ["equal cost"]  # over the MACs cap, no cheaper setting
     assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
     assert tracking.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["version"] == "2"
     assert tracking.get_version_by_alias("stage-cascade", "nope", root=root) is None
     assert tracking.get_version_by_alias("no-such-model", CHAMPION, root=root) is None
+
+    # the same trade with a cheaper setting in evaluate's metrics: compared at the champion's cost
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.95, "mean_macs": 1100.0},
+                                                    "each_exit": [{"accuracy": 0.89, "mean_macs": 800.0}]})
+    assert run_stage(root, model_dir) == 0
+    third = json.loads((root / "metrics/register.json").read_text())
+    assert third["version"] == 3 and third["passed"] and third["champion"] == 3
+    assert "equal cost: accuracy 0.9300 at the champion's 1,000 MACs >= 0.8980" in third["reasons"][2]
+    champion = tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)
+    assert champion["version"] == "3"
+    assert json.loads(champion["tags"][CURVE_TAG]) == [[800.0, 0.89], [1100.0, 0.95]]
 
 
 def test_register_stage_errors(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,166 @@
+"""Request payloads of the registered cascade: decoding a request DataFrame into model input, the
+pyfunc model's answer, and the helpers clients use to build requests. It imports neither
+:mod:`pipeline.registry` nor :mod:`pipeline.tracking`: both use it (the registry to register the
+model's signature and examples, tracking's pyfunc model class to answer requests).
+
+A request is a DataFrame with one image per row, in one of two documented forms:
+
+- ``image``: base64-encoded PNG/JPEG bytes (any size; grey or colour), decoded, converted to the
+  model's channels and resized to its input exactly as ``cascade recognize`` reads files;
+- ``pixels``: a uint8 array (or nested lists) shaped (H, W) or (C, H, W) with C in {1, 3}, converted
+  and resized the same way when its shape differs from the model's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from pipeline.routing.package import LoadedCascade
+
+# Column name -> logical type; tracking turns these into the MLflow signature. A row fills one input.
+INPUT_COLUMNS = (("image", "string"), ("pixels", "any"))
+OUTPUT_COLUMNS = (("class_index", "long"), ("class_name", "string"), ("confidence", "double"),
+                  ("exit", "long"), ("subnets", "list[string]"), ("macs", "long"))
+
+
+def _decoders() -> tuple[Any, Any, Any]:
+    with warnings.catch_warnings():  # torchvision flags its decoders as deprecated in favour of torchcodec
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torchvision.io import ImageReadMode, decode_image, encode_png
+    return ImageReadMode, decode_image, encode_png
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """uint8 (C, H, W) -> PNG bytes (for input examples and clients)."""
+    import torch
+
+    _, _, encode = _decoders()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return encode(torch.from_numpy(np.ascontiguousarray(image))).numpy().tobytes()
+
+
+def _fit(image: Any, shape: Sequence[int]) -> np.ndarray:
+    """uint8 tensor (c, h, w) -> uint8 array of ``shape``: channels converted, then resized (bilinear,
+    antialiased) as :func:`pipeline.data.sources.resize_batch` does."""
+    import torch
+    from torchvision.transforms.v2 import functional as F
+
+    c, h, w = shape
+    if image.shape[0] != c and c == 1:  # ITU-R 601 luma, rounded: a grey RGB image keeps its values
+        weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
+        image = (image.float() * weights).sum(dim=0, keepdim=True).round().clamp(0, 255).to(torch.uint8)
+    elif image.shape[0] != c:
+        image = image.expand(c, -1, -1)
+    if tuple(image.shape[1:]) != (h, w):
+        image = F.resize(image[None], [h, w], antialias=True)[0]
+    return image.contiguous().numpy()
+
+
+def _b64_bytes(value: Any) -> bytes:
+    if isinstance(value, bytes | bytearray):
+        value = bytes(value).decode("ascii", errors="replace")
+    if not isinstance(value, str):
+        raise ValueError(f"image must be a base64 string, got {type(value).__name__}")
+    if value.startswith("data:") and "," in value:
+        value = value.split(",", 1)[1]  # a data URI: data:image/png;base64,....
+    try:
+        data = base64.b64decode("".join(value.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("image is not valid base64") from None
+    if not data:
+        raise ValueError("image is empty")
+    return data
+
+
+def _decode_image(value: Any, shape: Sequence[int]) -> np.ndarray:
+    import torch
+
+    read_mode, decode, _ = _decoders()
+    data = torch.frombuffer(bytearray(_b64_bytes(value)), dtype=torch.uint8)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            image = decode(data, mode=read_mode.GRAY if shape[0] == 1 else read_mode.RGB)  # (C, H, W)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"image cannot be decoded as PNG/JPEG: {str(exc).splitlines()[0]}") from None
+    return _fit(image, shape)
+
+
+def _decode_pixels(value: Any, shape: Sequence[int]) -> np.ndarray:
+    import torch
+
+    try:
+        array = np.asarray(value)
+    except ValueError:
+        array = np.asarray([], dtype=object)  # ragged nested lists
+    if array.dtype == object or array.dtype.kind not in "iu" or array.ndim not in (2, 3):
+        raise ValueError(f"pixels must be integers shaped (H, W) or (C, H, W), got "
+                         f"{array.dtype} {array.shape}")
+    if array.ndim == 2:
+        array = array[None]
+    if array.shape[0] not in (1, 3) or min(array.shape[1:]) < 1:
+        raise ValueError(f"pixels must be shaped (H, W) or (C, H, W) with C 1 or 3, got {array.shape}")
+    if array.min() < 0 or array.max() > 255:
+        raise ValueError(f"pixels must lie in 0..255, got {array.min()}..{array.max()}")
+    return _fit(torch.from_numpy(array.astype(np.uint8)), shape)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int]) -> np.ndarray:
+    """A request DataFrame -> uint8 (N, C, H, W) for the model; a bad row raises a ValueError naming it."""
+    c, h, w = (int(v) for v in image_shape)
+    columns = [name for name, _ in INPUT_COLUMNS if name in frame.columns]
+    if not columns:
+        raise ValueError(f"the payload needs a column 'image' (base64 PNG/JPEG) or 'pixels' (uint8 arrays); "
+                         f"got columns {list(map(str, frame.columns))}")
+    images = []
+    for row in range(len(frame)):
+        given = [(col, frame[col].iloc[row]) for col in columns if not _missing(frame[col].iloc[row])]
+        if len(given) != 1:
+            raise ValueError(f"row {row}: give exactly one of {' or '.join(columns)}, got {len(given)}")
+        col, value = given[0]
+        try:
+            decode = _decode_image if col == "image" else _decode_pixels
+            images.append(decode(value, (c, h, w)))
+        except ValueError as exc:
+            raise ValueError(f"row {row}: {exc}") from None
+    return np.stack(images) if images else np.zeros((0, c, h, w), dtype=np.uint8)  # (N, C, H, W)
+
+
+def image_frame(images: np.ndarray) -> pd.DataFrame:
+    """uint8 (N, C, H, W) images -> a request DataFrame of base64 PNGs (the ``image`` form)."""
+    import pandas as pd
+
+    return pd.DataFrame({"image": [base64.b64encode(encode_png(im)).decode("ascii") for im in images]})
+
+
+def predict_frame(loaded: LoadedCascade, frame: pd.DataFrame, batch_size: int = 256) -> pd.DataFrame:
+    """The pyfunc model's answer: one row per request row, the same as :func:`recognize_arrays`."""
+    import pandas as pd
+
+    from pipeline.routing.package import recognize_arrays
+
+    images = decode_payload(frame, loaded.meta.image_shape)  # (N, C, H, W)
+    rows = recognize_arrays(loaded, images, batch_size) if len(images) else []
+    return pd.DataFrame(rows, columns=[name for name, _ in OUTPUT_COLUMNS])
+
+
+def png_b64(path: str | os.PathLike[str]) -> str:
+    """A file's bytes as base64 text: what a client puts in the ``image`` column."""
+    return base64.b64encode(Path(path).read_bytes()).decode("ascii")
