@@ -52,21 +52,19 @@ def encode_png(image: np.ndarray) -> bytes:
         return encode(torch.from_numpy(np.ascontiguousarray(image))).numpy().tobytes()
 
 
-def _fit(image: Any, shape: Sequence[int]) -> np.ndarray:
-    """uint8 tensor (c, h, w) -> uint8 array of ``shape``: channels converted, then resized (bilinear,
-    antialiased) as :func:`pipeline.data.sources.resize_batch` does."""
-    import torch
-    from torchvision.transforms.v2 import functional as F
+def _fit(image: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+    """uint8 array (c, h, w) -> uint8 array of ``shape``: channels converted as a decoded file's are
+    (RGB to grey by ITU-R 601 luma, Pillow's fixed-point rounding; grey repeated to RGB), then resized
+    by :func:`pipeline.data.sources.resize_batch`."""
+    from pipeline.data.sources import resize_batch
 
     c, h, w = shape
-    if image.shape[0] != c and c == 1:  # ITU-R 601 luma, rounded: a grey RGB image keeps its values
-        weights = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
-        image = (image.float() * weights).sum(dim=0, keepdim=True).round().clamp(0, 255).to(torch.uint8)
+    if image.shape[0] != c and c == 1:  # exactly Pillow's convert("L"): a grey RGB image keeps its values
+        r, g, b = (image[i].astype(np.int64) for i in range(3))
+        image = ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).astype(np.uint8)[None]
     elif image.shape[0] != c:
-        image = image.expand(c, -1, -1)
-    if tuple(image.shape[1:]) != (h, w):
-        image = F.resize(image[None], [h, w], antialias=True)[0]
-    return image.contiguous().numpy()
+        image = np.repeat(image, c, axis=0)
+    return np.ascontiguousarray(resize_batch(np.ascontiguousarray(image)[None], (h, w))[0])
 
 
 def _b64_bytes(value: Any) -> bytes:
@@ -86,22 +84,15 @@ def _b64_bytes(value: Any) -> bytes:
 
 
 def _decode_image(value: Any, shape: Sequence[int]) -> np.ndarray:
-    import torch
+    """base64 PNG/JPEG -> uint8 ``shape``, by the decoder ingest and ``cascade recognize`` use (any bit
+    depth or mode; an image over the pixel limit is refused from its header before decoding)."""
+    from pipeline.data.sources import decode_image_bytes
 
-    read_mode, decode, _ = _decoders()
-    data = torch.frombuffer(bytearray(_b64_bytes(value)), dtype=torch.uint8)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            image = decode(data, mode=read_mode.GRAY if shape[0] == 1 else read_mode.RGB)  # (C, H, W)
-    except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"image cannot be decoded as PNG/JPEG: {str(exc).splitlines()[0]}") from None
-    return _fit(image, shape)
+    c, h, w = shape
+    return decode_image_bytes(_b64_bytes(value), c, (h, w), name="image")  # a DataError is a ValueError
 
 
 def _decode_pixels(value: Any, shape: Sequence[int]) -> np.ndarray:
-    import torch
-
     try:
         array = np.asarray(value)
     except ValueError:
@@ -115,7 +106,7 @@ def _decode_pixels(value: Any, shape: Sequence[int]) -> np.ndarray:
         raise ValueError(f"pixels must be shaped (H, W) or (C, H, W) with C 1 or 3, got {array.shape}")
     if array.min() < 0 or array.max() > 255:
         raise ValueError(f"pixels must lie in 0..255, got {array.min()}..{array.max()}")
-    return _fit(torch.from_numpy(array.astype(np.uint8)), shape)
+    return _fit(array.astype(np.uint8), shape)
 
 
 def _missing(value: Any) -> bool:
