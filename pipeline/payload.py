@@ -9,6 +9,13 @@ A request is a DataFrame with one image per row, in one of two documented forms:
   model's channels and resized to its input exactly as ``cascade recognize`` reads files;
 - ``pixels``: a uint8 array (or nested lists) shaped (H, W) or (C, H, W) with C in {1, 3}, converted
   and resized the same way when its shape differs from the model's.
+
+A request is refused (a ValueError, which the pyfunc model answers with HTTP 400) when it holds no
+rows, when it carries more than :data:`MAX_REQUEST_BYTES` of image data, or when any row is bad: the
+message names every bad row (up to :data:`MAX_ROW_ERRORS`) by index, with its problem. Each image
+may have at most ``max_pixels`` pixels (height x width; default
+:data:`pipeline.data.sources.DEFAULT_MAX_PIXELS`), in either form; an ``image`` row over it is
+refused from its PNG/JPEG header before its pixels are decoded.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ if TYPE_CHECKING:
 INPUT_COLUMNS = (("image", "string"), ("pixels", "any"))
 OUTPUT_COLUMNS = (("class_index", "long"), ("class_name", "string"), ("confidence", "double"),
                   ("exit", "long"), ("subnets", "list[string]"), ("macs", "long"))
+# Image data one request may carry, all rows together: base64 text of the ``image`` rows plus one byte per
+# pixel value of the ``pixels`` rows. MLflow's server reads and parses the whole body before the model
+# sees it, so this bounds the decoding work, not the body: bound the raw body in a proxy in front.
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+MAX_ROW_ERRORS = 10  # bad rows a refusal lists one by one; the rest are counted
 
 
 def _decoders() -> tuple[Any, Any, Any]:
@@ -83,16 +95,17 @@ def _b64_bytes(value: Any) -> bytes:
     return data
 
 
-def _decode_image(value: Any, shape: Sequence[int]) -> np.ndarray:
+def _decode_image(value: Any, shape: Sequence[int], max_pixels: int) -> np.ndarray:
     """base64 PNG/JPEG -> uint8 ``shape``, by the decoder ingest and ``cascade recognize`` use (any bit
-    depth or mode; an image over the pixel limit is refused from its header before decoding)."""
+    depth or mode; an image over ``max_pixels`` is refused from its header before decoding)."""
     from pipeline.data.sources import decode_image_bytes
 
     c, h, w = shape
-    return decode_image_bytes(_b64_bytes(value), c, (h, w), name="image")  # a DataError is a ValueError
+    return decode_image_bytes(_b64_bytes(value), c, (h, w), max_pixels=max_pixels,
+                              name="image")  # a DataError is a ValueError
 
 
-def _decode_pixels(value: Any, shape: Sequence[int]) -> np.ndarray:
+def _decode_pixels(value: Any, shape: Sequence[int], max_pixels: int) -> np.ndarray:
     try:
         array = np.asarray(value)
     except ValueError:
@@ -104,34 +117,80 @@ def _decode_pixels(value: Any, shape: Sequence[int]) -> np.ndarray:
         array = array[None]
     if array.shape[0] not in (1, 3) or min(array.shape[1:]) < 1:
         raise ValueError(f"pixels must be shaped (H, W) or (C, H, W) with C 1 or 3, got {array.shape}")
-    if array.min() < 0 or array.max() > 255:
-        raise ValueError(f"pixels must lie in 0..255, got {array.min()}..{array.max()}")
+    height, width = array.shape[1:]
+    if height * width > max_pixels:
+        raise ValueError(f"pixels are too large: {height} x {width} = {height * width:,} pixels (height x "
+                         f"width), over the limit of {max_pixels:,} pixels")
+    low, high = array.min(), array.max()
+    if low < 0 or high > 255:
+        hint = " (send 16-bit images as PNG in the 'image' column)" if high <= 65535 and low >= 0 else ""
+        raise ValueError(f"pixels must lie in 0..255, got {low}..{high}{hint}")
     return _fit(array.astype(np.uint8), shape)
+
+
+def _data_bytes(value: Any) -> int:
+    """Bytes of image data in one cell, without decoding it: a base64 text's length, an array's number
+    of values, or nested lists' values counted along their first elements (a ragged one is refused
+    when its row is decoded)."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value)
+    if isinstance(value, np.ndarray):
+        return int(value.size)
+    size = 1
+    while isinstance(value, list | tuple):
+        size *= len(value)
+        if not value:
+            break
+        value = value[0]
+    return size
 
 
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int]) -> np.ndarray:
-    """A request DataFrame -> uint8 (N, C, H, W) for the model; a bad row raises a ValueError naming it."""
+def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int], *, max_pixels: int | None = None,
+                   max_bytes: int = MAX_REQUEST_BYTES) -> np.ndarray:
+    """A request DataFrame -> uint8 (N, C, H, W) for the model. A ValueError (the server's HTTP 400) for
+    a request with no rows, one with more than ``max_bytes`` of image data, or bad rows, each named by
+    its index with its problem. Each image may have at most ``max_pixels`` pixels (height x width, both
+    forms; default :data:`pipeline.data.sources.DEFAULT_MAX_PIXELS`)."""
+    from pipeline.data.sources import DEFAULT_MAX_PIXELS
+
+    max_pixels = DEFAULT_MAX_PIXELS if max_pixels is None else int(max_pixels)
+    if max_pixels < 1 or max_bytes < 1:
+        raise ValueError(f"max_pixels and max_bytes must be at least 1, got {max_pixels} and {max_bytes}")
     c, h, w = (int(v) for v in image_shape)
+    if len(frame) == 0:
+        raise ValueError("the request holds no rows: send at least one image (one row per image)")
     columns = [name for name, _ in INPUT_COLUMNS if name in frame.columns]
     if not columns:
         raise ValueError(f"the payload needs a column 'image' (base64 PNG/JPEG) or 'pixels' (uint8 arrays); "
                          f"got columns {list(map(str, frame.columns))}")
-    images = []
-    for row in range(len(frame)):
-        given = [(col, frame[col].iloc[row]) for col in columns if not _missing(frame[col].iloc[row])]
+    cells = [[(col, frame[col].iloc[row]) for col in columns if not _missing(frame[col].iloc[row])]
+             for row in range(len(frame))]
+    size = sum(_data_bytes(value) for given in cells for _, value in given)
+    if size > max_bytes:
+        raise ValueError(f"the request holds {size:,} bytes of image data, over the limit of {max_bytes:,} "
+                         f"bytes: send fewer or smaller images per request")
+    images, errors = [], []
+    for row, given in enumerate(cells):
         if len(given) != 1:
-            raise ValueError(f"row {row}: give exactly one of {' or '.join(columns)}, got {len(given)}")
+            errors.append(f"row {row}: give exactly one of {' or '.join(columns)}, got {len(given)}")
+            continue
         col, value = given[0]
         try:
             decode = _decode_image if col == "image" else _decode_pixels
-            images.append(decode(value, (c, h, w)))
+            images.append(decode(value, (c, h, w), max_pixels))
         except ValueError as exc:
-            raise ValueError(f"row {row}: {exc}") from None
-    return np.stack(images) if images else np.zeros((0, c, h, w), dtype=np.uint8)  # (N, C, H, W)
+            errors.append(f"row {row}: {exc}")
+    if errors:
+        listed = "; ".join(errors[:MAX_ROW_ERRORS])
+        more = len(errors) - MAX_ROW_ERRORS
+        if len(errors) > 1:
+            listed = f"{len(errors)} of {len(frame)} rows are bad: {listed}"
+        raise ValueError(listed + (f"; and {more} more bad rows" if more > 0 else ""))
+    return np.stack(images)  # (N, C, H, W)
 
 
 def image_frame(images: np.ndarray) -> pd.DataFrame:
@@ -142,13 +201,14 @@ def image_frame(images: np.ndarray) -> pd.DataFrame:
 
 
 def predict_frame(loaded: LoadedCascade, frame: pd.DataFrame, batch_size: int = 256) -> pd.DataFrame:
-    """The pyfunc model's answer: one row per request row, the same as :func:`recognize_arrays`."""
+    """The pyfunc model's answer: one row per request row, the same as :func:`recognize_arrays`; a
+    ValueError for a refused request (see :func:`decode_payload`)."""
     import pandas as pd
 
     from pipeline.routing.package import recognize_arrays
 
-    images = decode_payload(frame, loaded.meta.image_shape)  # (N, C, H, W)
-    rows = recognize_arrays(loaded, images, batch_size) if len(images) else []
+    images = decode_payload(frame, loaded.meta.image_shape)  # (N, C, H, W), N >= 1
+    rows = recognize_arrays(loaded, images, batch_size)
     return pd.DataFrame(rows, columns=[name for name, _ in OUTPUT_COLUMNS])
 
 

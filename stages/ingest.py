@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from pipeline.config import DataConfig, TrackingConfig
-from pipeline.data.sources import load_source
+from pipeline.data.sources import DEFAULT_MAX_PIXELS, load_source
 from pipeline.data.splits import SplitPlan, make_splits, split_meta
 from pipeline.io import atomic_path, save_split, write_json
 from pipeline.tracking import stage_run
@@ -25,7 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     with stage_run("ingest", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"data": params["data"], "seed": cfg.seed}) as run:
-        data = load_source(cfg.source, channels=cfg.channels, image_size=cfg.image_size)
+        data = load_source(cfg.source, channels=cfg.channels, image_size=cfg.image_size,
+                           max_pixels=params["data"].get("max_pixels", DEFAULT_MAX_PIXELS))  # schema-checked
         plan = SplitPlan(cfg.val_fraction, cfg.route_fraction, cfg.test_fraction, cfg.max_train, cfg.max_test,
                          cfg.seed)
         splits = make_splits(data, plan)

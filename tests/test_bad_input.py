@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import importlib
-import inspect
 import io
 import struct
 import zlib
@@ -302,6 +301,35 @@ def test_ingest_stage_names_the_bad_file_and_writes_nothing(
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".prepared")] == []
 
 
+def test_ingest_stage_passes_the_pixel_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.max_pixels`` reaches the source loader: 20 x 20 images pass at 400 pixels, not at 399."""
+    import yaml
+
+    from pipeline.config import load_params
+    from stages import ingest
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
+    root = image_folder(tmp_path / "imgs")
+    for class_dir in ("cat", "dog"):  # 10 images a class: enough for every split
+        for i in range(3, 10):
+            Image.fromarray(np.full((20, 20), 60 + i, np.uint8)).save(root / class_dir / f"{i}.png")
+    params = load_params("params.yaml")
+    for limit, status in ((399, 1), (400, 0)):
+        params["data"].update(source=f"imagefolder:{root}", image_size=8, max_pixels=limit)
+        params_path = tmp_path / f"params{limit}.yaml"
+        params_path.write_text(yaml.safe_dump(params))
+        out, metrics = tmp_path / f"prepared{limit}", tmp_path / f"m{limit}.json"
+        argv = ["--params", str(params_path), "--out", str(out), "--metrics", str(metrics)]
+        assert ingest.main(argv) == status, capsys.readouterr().err
+        err = capsys.readouterr().err
+        if status:
+            assert f"error: image file {root / 'cat' / '0.png'} is too large: 20 x 20 = 400 pixels" in err
+            assert "over the limit of 399 pixels" in err and not out.exists()
+        else:
+            assert out.is_dir() and metrics.exists()
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 
 
@@ -359,25 +387,17 @@ def test_payload_bad_row_is_named(bad: str, message: str) -> None:
         decode_payload(frame_of(b64(GOOD_PNG), bad, b64(GOOD_PNG)), (1, 16, 16))
 
 
-_WIRED = "max_pixels" in inspect.signature(decode_payload).parameters
-wired = pytest.mark.skipif(not _WIRED, reason="the served model's decoder is not yet the shared one "
-                                              "(pipeline/payload.py: see issue 11's patch)")
-
-
-@wired
 def test_payload_other_formats_are_refused() -> None:
     with pytest.raises(ValueError, match="row 1: image cannot be decoded: not a PNG or JPEG"):
         decode_payload(frame_of(b64(GOOD_PNG), b64(b"GIF89a not supported")), (1, 16, 16))
 
 
-@wired
 def test_payload_16bit_row_is_converted() -> None:
     wide = np.full((16, 16), 257 * 77, np.uint16)
     got = decode_payload(frame_of(b64(GOOD_PNG), b64(pil_bytes(Image.fromarray(wide), "PNG"))), (1, 16, 16))
     assert got.dtype == np.uint8 and (got[1] == 77).all()
 
 
-@wired
 def test_payload_decodes_like_the_cli(tmp_path: Path) -> None:
     rgb = pil_bytes(Image.fromarray(noise((20, 24, 3), seed=5)), "PNG")
     (tmp_path / "rgb.png").write_bytes(rgb)
@@ -385,7 +405,6 @@ def test_payload_decodes_like_the_cli(tmp_path: Path) -> None:
                                   decode_image_file(tmp_path / "rgb.png", 1, 16))
 
 
-@wired
 def test_payload_oversized_image_row_is_named() -> None:
     with pytest.raises(ValueError, match="row 1: image is too large: 20000 x 20000"):
         decode_payload(frame_of(b64(GOOD_PNG), b64(png_bytes(20000, 20000))), (1, 16, 16))
@@ -393,21 +412,18 @@ def test_payload_oversized_image_row_is_named() -> None:
         decode_payload(frame_of(b64(GOOD_PNG)), (1, 16, 16), max_pixels=255)
 
 
-@wired
 def test_payload_oversized_pixels_row_is_named() -> None:
     frame = frame_of(np.zeros((16, 16), np.uint8), np.zeros((1, 20, 30), np.uint8), column="pixels")
     with pytest.raises(ValueError, match="row 1: pixels are too large: 20 x 30 = 600 pixels"):
         decode_payload(frame, (1, 16, 16), max_pixels=599)
 
 
-@wired
 def test_empty_frame_is_refused() -> None:
     for frame in (pd.DataFrame({"image": []}), pd.DataFrame({"pixels": []})):
         with pytest.raises(ValueError, match="no rows"):
             decode_payload(frame, (1, 16, 16))
 
 
-@wired
 def test_request_size_is_limited() -> None:
     max_request_bytes = importlib.import_module(decode_payload.__module__).MAX_REQUEST_BYTES
     frame = frame_of(*([b64(GOOD_PNG)] * 3))
@@ -418,7 +434,6 @@ def test_request_size_is_limited() -> None:
     assert 1 << 20 <= max_request_bytes < 21_000_000  # a 21 MB request is refused by default
 
 
-@wired
 def test_served_model_answers_a_bad_request_with_400(model_dir: Path) -> None:
     """The pyfunc model turns a refused payload into MLflow's INVALID_PARAMETER_VALUE: HTTP 400."""
     from mlflow.exceptions import MlflowException
@@ -434,3 +449,38 @@ def test_served_model_answers_a_bad_request_with_400(model_dir: Path) -> None:
         with pytest.raises(MlflowException, match=message) as info:
             model.predict(None, frame)
         assert info.value.get_http_status_code() == 400
+
+
+def test_payload_names_every_bad_row() -> None:
+    frame = frame_of(b64(GOOD_PNG), "@@", b64(GOOD_PNG), b64(b"GIF89a"), b64(png_bytes(9000, 9000)))
+    with pytest.raises(ValueError) as info:
+        decode_payload(frame, (1, 16, 16))
+    message = str(info.value)
+    assert message.startswith("3 of 5 rows are bad: row 1: image is not valid base64; ")
+    assert "; row 3: image cannot be decoded: not a PNG or JPEG" in message
+    assert "; row 4: image is too large: 9000 x 9000" in message
+    assert "row 0" not in message and "row 2" not in message
+    many = frame_of(*(["@@"] * 25))
+    listed = r"^25 of 25 rows are bad: row 0: .*; row 9: [^;]*; and 15 more bad rows$"  # rows 10.. counted
+    with pytest.raises(ValueError, match=listed):
+        decode_payload(many, (1, 16, 16))
+
+
+def test_request_size_counts_pixel_values() -> None:
+    """A ``pixels`` row weighs one byte a value, as an array or as nested lists, before any row is read."""
+    arrays = [np.zeros((3, 20, 30), np.uint8), np.zeros((16, 16), np.int64).tolist()]
+    frame = frame_of(*arrays, column="pixels")
+    size = 3 * 20 * 30 + 16 * 16
+    assert decode_payload(frame, (1, 16, 16), max_bytes=size).shape == (2, 1, 16, 16)
+    message = f"holds {size:,} bytes of image data, over the limit of {size - 1:,}"
+    with pytest.raises(ValueError, match=message):
+        decode_payload(frame, (1, 16, 16), max_bytes=size - 1)
+    with pytest.raises(ValueError, match="over the limit of 16,777,216 bytes"):  # the default, 16 MiB
+        decode_payload(frame_of(np.zeros((1, 4097, 4096), np.uint8), column="pixels"), (1, 16, 16))
+
+
+def test_16bit_pixel_values_point_to_the_image_column() -> None:
+    frame = frame_of(np.full((4, 4), 257 * 9, np.uint16), column="pixels")
+    message = r"row 0: pixels must lie in 0\.\.255, got 2313\.\.2313 \(send 16-bit images as PNG"
+    with pytest.raises(ValueError, match=message):
+        decode_payload(frame, (1, 16, 16))

@@ -308,7 +308,9 @@ def test_decode_pixels() -> None:
     mixed = pd.DataFrame({"image": [base64.b64encode(b"").decode(), None], "pixels": [None, arrays[1, 0]]})
     with pytest.raises(ValueError, match="row 0: image is empty"):
         decode_payload(mixed, (1, 16, 16))
-    assert decode_payload(pd.DataFrame({"image": []}), (1, 16, 16)).shape == (0, 1, 16, 16)
+    for empty in (pd.DataFrame({"image": []}), pd.DataFrame({"pixels": []}), pd.DataFrame()):
+        with pytest.raises(ValueError, match="the request holds no rows"):
+            decode_payload(empty, (1, 16, 16))
 
 
 BAD_ROWS = {
@@ -349,7 +351,8 @@ def test_predict_frame_equals_engine(model_dir: Path) -> None:
     arrays = uint8_images(40, seed=5)
     got = predict_frame(loaded, image_frame(arrays))
     assert got.to_dict("records") == recognize_arrays(loaded, arrays)
-    assert list(predict_frame(loaded, pd.DataFrame({"image": []})).columns) == list(got.columns)
+    with pytest.raises(ValueError, match="the request holds no rows"):
+        predict_frame(loaded, pd.DataFrame({"image": []}))
 
 
 # ------------------------------------------------------------------------------ register stage (SQLite)
@@ -579,6 +582,9 @@ def test_serving_rejects_a_malformed_payload(serving: str, images: dict[str, Pat
     status, answer = post(f"{serving}/invocations", body)
     assert status == 400
     assert "row 1: image is not valid base64" in answer["message"]
+    empty = {"dataframe_split": {"columns": ["image"], "data": []}}
+    status, answer = post(f"{serving}/invocations", empty)
+    assert status == 400 and "the request holds no rows" in answer["message"], (status, answer)
     number = {"dataframe_split": {"columns": ["image"], "data": [[3]]}}
     status, answer = post(f"{serving}/invocations", number)
     assert 400 <= status < 500 and answer.get("message")
