@@ -18,6 +18,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -194,10 +195,39 @@ class StageRun:
         self._mlflow.set_tags(dict(tags))
 
 
+class StageKilled(KeyboardInterrupt):
+    """Raised in the main thread when the stage process gets SIGTERM inside :func:`stage_run`."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM (``kill``, a stopped ``dvc repro``) into :class:`StageKilled` while the block runs,
+    so that ``finally`` clauses and the run's status update happen; the previous handler comes back
+    after. Only the main thread may install handlers: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise StageKilled(f"killed by signal {signal.Signals(signum).name}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main interpreter
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, *, experiment: str, root: str | os.PathLike[str] = ".",
               params: Mapping[str, Any] | None = None) -> Iterator[StageRun]:
-    """Open an MLflow run for one stage; a failing stage ends its run with status FAILED.
+    """Open an MLflow run for one stage; a failing stage ends its run with status FAILED, an
+    interrupted one (KeyboardInterrupt, SIGINT, SIGTERM: see :class:`StageKilled`) with KILLED, so no
+    run stays RUNNING after its process is gone.
 
     MLflow exports the URIs it is given as ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``; they are
     restored on exit, so a later run in the same process with another ``root`` uses that root's store
@@ -215,11 +245,20 @@ def stage_run(stage: str, *, experiment: str, root: str | os.PathLike[str] = "."
         mlflow.set_registry_uri(uri)  # the registry follows, whatever store this process used before
         mlflow.set_experiment(experiment)
         tags = {"stage": stage, "git_commit": git_commit(root), "pipeline_execution": execution_id()}
-        with mlflow.start_run(run_name=stage, tags=tags) as run:
-            handle = StageRun(mlflow, run.info.run_id)
-            if params:
-                handle.log_params(params)
-            yield handle
+        with _sigterm_raises():
+            run = mlflow.start_run(run_name=stage, tags=tags)
+            status = "FAILED"
+            try:
+                handle = StageRun(mlflow, run.info.run_id)
+                if params:
+                    handle.log_params(params)
+                yield handle
+                status = "FINISHED"
+            except KeyboardInterrupt:
+                status = "KILLED"
+                raise
+            finally:
+                mlflow.end_run(status)
     finally:
         for key, value in saved.items():
             if value is None:

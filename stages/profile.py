@@ -1,5 +1,7 @@
-"""Measure the cost model of the cascade on this machine: MACs of every (layer, op) of every module,
-and a latency lookup table (median ms at batch 1 and 64). DVC caches it so later runs reuse it."""
+"""Measure the cost model of the cascade on this machine: MACs of every (layer, op) of every module
+(``--out``, the DVC output: deterministic, byte-identical between runs) and a latency lookup table
+(median ms at batch 1 and 64; ``--latency``, a metrics file, also logged to MLflow): timings never go
+into a DVC output, so identical runs give identical dvc.lock hashes."""
 
 from __future__ import annotations
 
@@ -9,17 +11,27 @@ from tqdm import tqdm
 
 from pipeline.config import ModelConfig, ProfileConfig, TrackingConfig
 from pipeline.io import read_json, write_json
-from pipeline.models.profile import CostModel, profile_cascade
+from pipeline.models.profile import LATENCY_FILE, CostModel, profile_cascade, split_profile
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
+
+
+def write_profile(out: Path, latency_out: Path, table: dict) -> None:
+    """The deterministic costs to ``out``, the measured latencies to ``latency_out``."""
+    costs, measured = split_profile(table)
+    write_json(out, costs)
+    write_json(latency_out, measured)
 
 
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("profile", __doc__)
     p.add_argument("--data", type=Path, required=True, help="directory written by ingest (for shapes and classes)")
-    p.add_argument("--out", type=Path, required=True, help="cost model JSON")
+    p.add_argument("--out", type=Path, required=True, help="cost model JSON (MACs, shapes: deterministic)")
+    p.add_argument("--latency", type=Path, default=None,
+                   help=f"measured latency JSON (default: <root>/{LATENCY_FILE})")
     args = p.parse_args(argv)
+    latency_out = args.latency or args.root / LATENCY_FILE
     params = params_of(args)
     model, cfg = ModelConfig.from_params(params), ProfileConfig.from_params(params)
     meta = read_json(args.data / "meta.json")
@@ -30,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         with tqdm(total=len(spec.modules), desc="profile modules", unit="module") as bar:
             table = profile_cascade(spec, seed=cfg.seed, repeats=cfg.repeats, batch_sizes=cfg.batch_sizes,
                                     progress=bar)
-        write_json(args.out, table)
+        write_profile(args.out, latency_out, table)
         costs = CostModel(table)
         for k in range(1, costs.n_modules + 1):
             arch = costs.default_arch(k)
@@ -40,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"profile m{k}: MACs {costs.min_macs(k):,}..{costs.max_macs(k):,} (default {costs.macs(k, arch):,}),"
                   f" default path {costs.latency_ms(k, arch, 1):.3f} ms at batch 1")
         run.log_artifact(args.out)
-
+        run.log_artifact(latency_out)
 
 
 if __name__ == "__main__":

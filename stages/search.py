@@ -1,10 +1,12 @@
 """Method B's final pick for module k: draw k distinct subnets from the trained probability model
 P(N) (uniform for the uniform-sampler ablation), evaluate each on the `route` split with the shared
-weights (accuracy, perf, MACs, latency), keep the best perf as the target and the accuracy-MACs
+weights (accuracy, perf, MACs; measured latencies go to the metrics file and MLflow only, so that
+search.json is identical between identical runs), keep the best perf as the target and the accuracy-MACs
 Pareto set as the routing candidates. Plots: entropy and MI per iteration; accuracy vs MACs."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import torch
 from pipeline.config import ConfigError, TrackingConfig, section
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
-from pipeline.models.profile import CostModel
+from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import load_module
 from pipeline.plots import pareto_plot, search_curves
 from pipeline.search.candidates import evaluate_candidates, pareto_front
@@ -23,6 +25,22 @@ from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 from pipeline.routing.assemble import load_prefix
 from stages.train import train_config
+
+
+TIMING_KEYS = ("latency_ms_b1", "latency_ms_b64")  # measured: the metrics file only, never search.json
+
+
+def split_timings(rows: list[dict]) -> dict[str, dict]:
+    """Remove the measured latencies from candidate rows (in place); returns them by arch key."""
+    return {r["arch"]: {key: r.pop(key) for key in TIMING_KEYS if key in r} for r in rows}
+
+
+def search_result(k: int, sampler: str, rows: list[dict], target: dict, front: list[dict],
+                  model: ProbModel | None) -> dict:
+    """What ``search.json`` holds: no timing, so identical runs write identical files."""
+    return {"module": k, "sampler": sampler, "samples": len(rows), "target": target, "pareto": front,
+            "candidates": rows, "most_likely": model.most_likely().key() if model is not None else "",
+            "entropy_final": model.entropy() if model is not None else 0.0}
 
 
 @cli
@@ -34,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--plots", type=Path, required=True, help="plots directory")
+    p.add_argument("--latency", type=Path, default=None,
+                   help=f"measured latency JSON of profile (default: <root>/{LATENCY_FILE}; metrics only)")
     args = p.parse_args(argv)
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
@@ -43,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError("params: search.samples and search.pareto_max must be at least 1")
     seed = int(params.get("seed", 0))
     cfg = train_config(params, name, seed)
-    costs = CostModel(read_json(args.profile))
+    costs = CostModel.load(args.profile, args.latency or args.root / LATENCY_FILE)
     train_dir = args.models / name / "train"
     module, info = load_module(train_dir)
     prefix = load_prefix(args.models, k, costs, info.mean, info.std)
@@ -67,19 +87,18 @@ def main(argv: list[str] | None = None) -> None:
         rows = evaluate_candidates(module, features, labels, archs, macs_of=lambda a: costs.macs(k, a),
                                    latency_of=lambda a, b: costs.latency_ms(k, a, b), cost_max=costs.max_macs(k),
                                    lambda_c=cfg.lambda_c)
+        latency = split_timings(rows)
         target = max(rows, key=lambda r: r["perf"])
         front = pareto_front(rows, max_pareto)
-        result = {"module": k, "sampler": cfg.sampler, "samples": len(rows), "target": target,
-                  "pareto": front, "candidates": rows,
-                  "most_likely": model.most_likely().key() if model is not None else "",
-                  "entropy_final": model.entropy() if model is not None else 0.0}
+        result = search_result(k, cfg.sampler, rows, target, front, model)
         out_dir = args.models / name / "search"
         with atomic_path(out_dir, is_dir=True) as tmp:
             write_json(tmp / "search.json", result)
         accs = np.array([r["acc"] for r in rows])
         metrics = {"target_acc": target["acc"], "target_macs": target["macs"], "target_perf": target["perf"],
                    "pareto_size": len(front), "acc_min": float(accs.min()), "acc_max": float(accs.max()),
-                   "acc_spread": float(accs.max() - accs.min()), "entropy_final": result["entropy_final"]}
+                   "acc_spread": float(accs.max() - accs.min()), "entropy_final": result["entropy_final"],
+                   **{f"target_{key}": v for key, v in latency[target["arch"]].items()}}
         write_json(args.metrics, metrics)
         with atomic_path(args.plots, is_dir=True) as tmp:
             pd.DataFrame(rows).assign(pareto=[r in front for r in rows]).to_csv(tmp / "candidates.csv", index=False)
@@ -89,8 +108,11 @@ def main(argv: list[str] | None = None) -> None:
                 table = pd.read_csv(iters)
                 table[["iteration", "entropy", "mi"]].to_csv(tmp / "entropy_mi.csv", index=False)
                 search_curves(tmp / "entropy_mi.png", table, title=f"module {k}: method B training")
-        run.log_metrics(metrics)
+        run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
         run.log_artifact(out_dir / "search.json")
+        with tempfile.TemporaryDirectory() as scratch:  # every candidate's measured latency: MLflow only
+            write_json(Path(scratch) / "candidate_latency.json", latency)
+            run.log_artifact(Path(scratch) / "candidate_latency.json")
         run.log_artifact(args.plots, "plots")
     print(f"search@{name}: target {target['arch'] or '(fixed)'} acc {target['acc']:.4f} {target['macs']:,} MACs; "
           f"pareto {[(r['acc'], r['macs']) for r in front]}")

@@ -1,11 +1,23 @@
 """Train module k of the cascade on its curriculum set, behind the frozen modules 1..k-1 (their
 selected paths produce its input). Fixed modules train with the cost-aware exit loss; supernet
 modules train single-path, sampled uniformly or by method B's probability model. Writes the module,
-a checkpoint per epoch, per-epoch/iteration history, and the exit's accuracy on the calib split."""
+per-epoch/iteration history (no timings: identical runs write identical files) and, as metrics, the
+exit's accuracy on the calib split and the wall-clock figures.
+
+Resumable: the full training state is checkpointed after every epoch in ``.cache/train/mK-<key>/``,
+outside the stage's DVC output (which ``dvc repro`` deletes before running the stage); the key hashes
+everything the stage's result depends on (module index, resolved train config, module spec, seed,
+the input files, the training code). A killed run re-run with the same inputs resumes after the last
+complete epoch and ends bitwise-identical to an uninterrupted run; the folder is deleted when the
+stage succeeds. Stale ``models/mK/.train.*`` temporary folders of killed runs are removed at start."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -15,12 +27,58 @@ import torch
 from pipeline.config import ConfigError, ModelConfig, TrackingConfig, deep_merge, section
 from pipeline.io import atomic_path, curriculum_index, load_split, read_json, write_json
 from pipeline.models.modules import build_module
-from pipeline.models.profile import CostModel
+from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import ModuleInfo, save_module
 from pipeline.routing.assemble import load_prefix
 from pipeline.tracking import stage_run
-from pipeline.train.loop import TrainConfig, evaluate_path, save_checkpoint, train_module
+from pipeline.train.loop import TrainConfig, TrainResult, evaluate_path, history_frame_records, train_module
 from stages.common import cli, params_of, parser
+
+CODE = ("stages/train.py", "pipeline/train", "pipeline/models", "pipeline/search")  # what training runs
+
+
+def _files(paths: Iterable[Path]) -> list[Path]:
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            out.extend(sorted(q for q in path.rglob("*") if q.is_file() and "__pycache__" not in q.parts))
+        elif path.is_file():
+            out.append(path)
+    return out
+
+
+def checkpoint_key(k: int, cfg: TrainConfig, spec: dict, seed: int, inputs: Iterable[Path],
+                   code: Iterable[Path] = ()) -> str:
+    """sha256 of what the stage's result depends on: module index, resolved config, module spec, seed,
+    each input file's path, size and mtime (data files are big: not read), each code file's content."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"module": k, "train": cfg.__dict__, "spec": spec, "seed": seed}, sort_keys=True,
+                        default=str).encode())
+    for path in _files(inputs):
+        st = path.stat()
+        h.update(f"\0in {path.resolve()} {st.st_size} {st.st_mtime_ns}".encode())
+    for path in _files(code):
+        h.update(f"\0code {path.as_posix()} ".encode() + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def clean_stale_temporaries(module_dir: Path) -> list[Path]:
+    """Remove ``<module_dir>/.train.*`` folders that a killed run's atomic write left behind."""
+    stale = sorted(module_dir.glob(".train.*")) if module_dir.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def write_train_outputs(out: Path, module: torch.nn.Module, info: ModuleInfo, result: TrainResult) -> None:
+    """The stage's deterministic outputs: module, ``history.csv`` (timings dropped),
+    ``iterations.csv`` (method B), ``prob_model.json``."""
+    save_module(out, module, info)
+    pd.DataFrame(history_frame_records(result.history)).to_csv(out / "history.csv", index=False)
+    if result.iterations:
+        pd.DataFrame(result.iterations).to_csv(out / "iterations.csv", index=False)
+    if result.prob_model is not None:
+        write_json(out / "prob_model.json", result.prob_model.as_dict())
 
 
 def train_config(params: dict, name: str, seed: int) -> TrainConfig:
@@ -41,6 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", type=Path, required=True, help="cost model JSON written by profile")
     p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
+    p.add_argument("--latency", type=Path, default=None,
+                   help=f"measured latency JSON of profile (default: <root>/{LATENCY_FILE}; metrics only)")
     args = p.parse_args(argv)
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
@@ -49,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"--module {k}: the cascade has modules 1..{len(model_cfg.specs)}")
     seed = int(params.get("seed", 0))
     cfg = train_config(params, name, seed)
-    costs = CostModel(read_json(args.profile))
+    costs = CostModel.load(args.profile, args.latency or args.root / LATENCY_FILE)
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
     subset = train.subset(curriculum_index(train.ids, (args.graded / f"module_{k}.txt").read_text().splitlines()))
@@ -66,13 +126,28 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(seed + k)  # initial weights of module k (global state is fine in a stage process)
     module = build_module(info.spec, info.in_channels, info.num_classes)
     out_dir = args.models / name / "train"
+    for path in clean_stale_temporaries(args.models / name):
+        print(f"train@{name}: removed {path} (left by a killed run)", flush=True)
+    inputs = [args.data / "train.npz", args.data / "meta.json", args.graded / f"module_{k}.txt", args.profile,
+              *(args.models / f"m{j}" / part for j in range(1, k) for part in ("train", "select"))]
+    root = Path(args.root)
+    key = checkpoint_key(k, cfg, info.to_json()["spec"], seed, inputs, (root / c for c in CODE))
+    cache = root / ".cache" / "train" / f"{name}-{key}"
+    for stale in sorted(cache.parent.glob(f"{name}-*")) if cache.parent.is_dir() else []:
+        if stale != cache:  # checkpoints of other inputs (changed since the kill): never resumable
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"train@{name}: removed stale checkpoints {stale}", flush=True)
+    if any(cache.glob("epoch_*.pt")):
+        print(f"train@{name}: resuming from the checkpoint in {cache}", flush=True)
     with stage_run(f"train@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"train": cfg.__dict__, "spec": info.to_json()["spec"], "module": k,
-                           "train_images": len(subset)}) as run, atomic_path(out_dir, is_dir=True) as tmp:
-        (tmp / "checkpoints").mkdir()
+                           "train_images": len(subset), "checkpoint_key": key}) as run, \
+            atomic_path(out_dir, is_dir=True) as tmp:
+
+        ran: list[int] = []  # epochs trained by this process (fewer after a resume)
 
         def on_epoch(epoch: int, record: dict, mod: torch.nn.Module, prob_model) -> None:
-            save_checkpoint(tmp / "checkpoints" / f"epoch_{epoch:03d}.pt", mod, epoch=epoch, prob_model=prob_model)
+            ran.append(epoch)
             run.log_metrics({key: v for key, v in record.items() if isinstance(v, (int, float))}, step=epoch)
             print(f"train@{name} epoch {epoch}/{cfg.epochs}: loss {record['loss']:.4f} acc {record['train_acc']:.4f}"
                   f" {record['images_per_s']:.0f} img/s", flush=True)
@@ -80,23 +155,21 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         result = train_module(module, prefix, subset.images, subset.labels, cfg,
                               cost_of=lambda a: costs.macs(k, a), cost_max=costs.max_macs(k),
-                              exit_saving=costs.exit_saving(k), on_epoch=on_epoch)
+                              exit_saving=costs.exit_saving(k), on_epoch=on_epoch, checkpoint_dir=cache)
         seconds = time.perf_counter() - started
-        save_module(tmp, module, info)
-        pd.DataFrame(result.history).to_csv(tmp / "history.csv", index=False)
+        write_train_outputs(tmp, module, info, result)
         if result.iterations:
-            pd.DataFrame(result.iterations).to_csv(tmp / "iterations.csv", index=False)
             for it in result.iterations[:: max(1, len(result.iterations) // 400)]:
                 run.log_metrics({f"iter_{key}": v for key, v in it.items()
                                  if key in ("entropy", "mi", "best_perf", "mean_perf") and np.isfinite(v)},
                                 step=int(it["iteration"]))
-        if result.prob_model is not None:
-            write_json(tmp / "prob_model.json", result.prob_model.as_dict())
         arch = module.default_arch() if result.prob_model is None else result.prob_model.most_likely()
         exit_eval = evaluate_path(module, prefix, calib.images, calib.labels, arch, 512)
         metrics = {
             "module": k, "kind": info.spec.kind, "train_images": len(subset), "epochs": cfg.epochs,
-            "seconds": round(seconds, 1), "images_per_s": round(len(subset) * cfg.epochs / seconds, 1),
+            "seconds": round(seconds, 1),
+            "images_per_s": round(len(subset) * len(ran) / max(seconds, 1e-9), 1),
+            "resumed_after_epoch": cfg.epochs - len(ran),
             "calib_exit_acc": exit_eval["acc"], "calib_exit_conf_mean": exit_eval["conf_mean"],
             "calib_path": arch.key(), "path_macs": costs.macs(k, arch),
             "path_latency_ms_b1": costs.latency_ms(k, arch, 1), "path_latency_ms_b64": costs.latency_ms(k, arch, 64),
@@ -104,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         write_json(args.metrics, metrics)
         run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
+    shutil.rmtree(cache, ignore_errors=True)  # the stage succeeded: its output is committed
     print(f"train@{name}: calib exit accuracy {metrics['calib_exit_acc']:.4f} on path {arch.key() or '(fixed)'} "
           f"({metrics['path_macs']:,} MACs), {metrics['images_per_s']} img/s")
 

@@ -1,13 +1,20 @@
 """The cascade's cost model: per module, MACs of every (layer, op) and a measured latency table.
 
-Written once by the ``profile`` stage (DVC caches it), read by training, search and evaluation, so
-every reported cost comes from one place: MACs (deterministic) and milliseconds, side by side.
+Written once by the ``profile`` stage, read by training, search and evaluation, so every reported
+cost comes from one place. The stage splits the table (:func:`split_profile`): the deterministic part
+(shapes, MACs, default paths) is its DVC output ``models/profile.json``, identical between runs; the
+measured part (milliseconds, thread count) goes to a metrics file and MLflow, never to a DVC output,
+and is laid back over the costs by :meth:`CostModel.load` where it exists. Without it, latencies are
+None (nothing the pipeline decides depends on them: they are reported only).
 """
 
 from __future__ import annotations
 
+import copy
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +48,36 @@ def profile_cascade(spec: CascadeSpec, *, seed: int, repeats: int, batch_sizes: 
     return {"batch_sizes": list(batch_sizes), "threads": torch.get_num_threads(), "modules": out}
 
 
+LATENCY_FILE = Path("metrics") / "profile_latency.json"  # default, relative to the repository root
+MEASURED_KEYS = ("latency_ms",)  # per module: wall-clock measurements
+MEASURED_TOP = ("threads",)  # of the whole table: the conditions of the measurement
+
+
+def split_profile(table: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(deterministic costs, measured latencies) of a :func:`profile_cascade` table. The first holds
+    no timing (byte-identical between runs on any machine); the second holds ``threads``,
+    ``batch_sizes`` and per module ``{"module": k, "latency_ms": ...}``."""
+    costs = {k: copy.deepcopy(v) for k, v in table.items() if k not in MEASURED_TOP}
+    measured: dict[str, Any] = {k: table[k] for k in MEASURED_TOP if k in table}
+    measured["batch_sizes"] = list(table.get("batch_sizes", []))
+    measured["modules"] = []
+    for m in costs.get("modules", []):
+        measured["modules"].append({"module": m["module"], **{k: m.pop(k) for k in MEASURED_KEYS if k in m}})
+    return costs, measured
+
+
+def merge_profile(costs: Mapping[str, Any], measured: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Inverse of :func:`split_profile` (``measured`` None: the costs alone)."""
+    table = copy.deepcopy(dict(costs))
+    if not measured:
+        return table
+    table.update({k: measured[k] for k in MEASURED_TOP if k in measured})
+    by_module = {m["module"]: m for m in measured.get("modules", [])}
+    for m in table.get("modules", []):
+        m.update({k: v for k, v in by_module.get(m["module"], {}).items() if k != "module"})
+    return table
+
+
 @dataclass(frozen=True)
 class CostModel:
     """Read-only view of the profile: the cost of any path of any module (k is 1-based)."""
@@ -58,7 +95,26 @@ class CostModel:
         m = self._m(k)
         return path_macs(m["op_macs"], m["fixed_macs"], arch) if m["op_macs"] else int(m["fixed_macs"])
 
-    def latency_ms(self, k: int, arch: Arch, batch: int = 1) -> float:
+    @classmethod
+    def load(cls, profile: str | os.PathLike[str],
+             latency: str | os.PathLike[str] | None = None) -> CostModel:
+        """The costs of ``profile`` with the measured latencies of ``latency`` laid over them, when
+        that file exists (see :func:`split_profile`)."""
+        import json
+
+        costs = json.loads(Path(profile).read_text())
+        measured = None
+        if latency is not None and Path(latency).is_file():
+            measured = json.loads(Path(latency).read_text())
+        return cls(merge_profile(costs, measured))
+
+    def has_latency(self, k: int) -> bool:
+        return "latency_ms" in self._m(k)
+
+    def latency_ms(self, k: int, arch: Arch, batch: int = 1) -> float | None:
+        """Measured milliseconds of a path, or None when the profile carries no measurement."""
+        if not self.has_latency(k) or str(batch) not in self._m(k)["latency_ms"]:
+            return None
         lat = self._m(k)["latency_ms"][str(batch)]
         return path_latency(lat["layers"], lat["fixed"], arch) if lat["layers"] else float(lat["fixed"])
 
