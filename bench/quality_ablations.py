@@ -124,11 +124,18 @@ def update_variants(plain: ModuleSpec, supernet: ModuleSpec) -> dict[str, tuple[
             "rank + paired perf (default)": (supernet, {**base, "utility": "rank", "paired_perf": True}),
             "rank + paired perf, beta 0": (supernet, {**base, "utility": "rank", "paired_perf": True, "beta": 0.0}),
             "rank + paired perf, beta x10": (supernet, {**base, "utility": "rank", "paired_perf": True,
-                                                       "beta": 0.1})}
+                                                       "beta": 0.1}),
+            "rank + paired, smoothing 0.005": (supernet, {**base, "utility": "rank", "paired_perf": True,
+                                                         "smoothing": 0.005}),
+            "rank + paired, smoothing 0.005, beta 0": (supernet, {**base, "utility": "rank", "paired_perf": True,
+                                                                 "smoothing": 0.005, "beta": 0.0}),
+            "rank + paired, smoothing 0.005, plain pick": (supernet, {**base, "utility": "rank",
+                                                                     "paired_perf": True, "smoothing": 0.005,
+                                                                     "entropy_selection": False})}
 
 
 def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, seed, paths,
-            models: Path, make_variants=recipe_variants) -> list[dict]:
+            models: Path, make_variants=recipe_variants, only: tuple[str, ...] = ()) -> list[dict]:
     g = GradeConfig.from_params(params)
     specs = ModelConfig.from_params(params).specs
     if (models / "m1" / "train" / "module.pt").exists():  # the pipeline's own module 1
@@ -141,7 +148,7 @@ def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, 
     prefix = Prefix(((m1, m1.default_arch()),), mean, std)
     subset = curriculum_subset(train, scores, 2, g.levels, g.curriculum, g.level_weight)
     plain, supernet = position2_specs(specs)
-    variants = make_variants(plain, supernet)
+    variants = {k: v for k, v in make_variants(plain, supernet).items() if not only or k in only}
     rng = np.random.default_rng(seed)
     randoms: list = []  # the same random paths score every supernet variant
     rows = []
@@ -194,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-train", type=int, default=0, help="first N training images only (0: all)")
     p.add_argument("--paths", type=int, default=8, help="random paths of the supernet to score (part m2)")
     p.add_argument("--models", type=Path, default=Path("models"), help="module 1 is loaded from here if trained")
+    p.add_argument("--variants", nargs="*", default=[], help="part pm: only these variants (default: all)")
     p.add_argument("--out", type=Path, default=Path("docs/results/quality_ablations.json"))
     args = p.parse_args(argv)
     params = load_params(args.params)
@@ -217,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                             args.models)
     if args.part == "pm":
         out["pm"] = part_m2(params, train, calib, scores, shapes, n_classes, mean, std, args.epochs, seed, args.paths,
-                            args.models, update_variants)
+                            args.models, update_variants, tuple(args.variants))
     for part in ("m1", "m2", "pm"):
         if part in out:
             print(f"\n{part}:\n" + pd.DataFrame(out[part]).to_string(index=False))

@@ -29,7 +29,7 @@ from pipeline.search.space import Arch, SearchSpace
 
 PICKS = ("entropy", "plain")
 # Frozen defaults, chosen on the synthetic family and then fixed (README: "Method B on its own").
-DEFAULTS = {"m": 16, "step": 0.5, "smoothing": 0.02, "pick": "entropy", "pool_factor": 4}
+DEFAULTS = {"m": 8, "step": 0.5, "smoothing": 0.02, "pick": "entropy", "pool_factor": 4, "restart_after": 10}
 # A search whose m picks were all seen before, this many iterations in a row, has converged.
 STALL_ITERATIONS = 50
 
@@ -146,7 +146,8 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
            seed: int | np.random.Generator = 0, m: int = DEFAULTS["m"], step: float = DEFAULTS["step"],
            smoothing: float = DEFAULTS["smoothing"], pick: str = DEFAULTS["pick"],
            pool_factor: int = DEFAULTS["pool_factor"], utility: str = "rank", temperature: float = 1.0,
-           shrink_pool: bool = True, prior: ProbModel | None = None, callback: Callable[[Evaluation], Any] | None = None,
+           shrink_pool: bool = True, restart_after: int | None = DEFAULTS["restart_after"],
+           prior: ProbModel | None = None, callback: Callable[[Evaluation], Any] | None = None,
            stop: Callable[[Evaluation], bool] | None = None) -> SearchResult:
     """Method B on a black-box objective: at most ``budget`` distinct evaluations.
 
@@ -154,7 +155,10 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     draws), evaluates the new ones, and sets ``P = step * MLE + (1 - step) * P`` with the MLE on
     rank utilities (``utility="softmax"`` with ``temperature`` is the scale-dependent original;
     ``"elite"`` the cross-entropy method's). ``shrink_pool=False`` keeps the entropy pick's pool at
-    ``pool_factor * m`` (the original rule) instead of shrinking it with P's entropy.
+    ``pool_factor * m`` (the original rule) instead of shrinking it with P's entropy. When
+    ``restart_after`` iterations in a row improve on nothing this restart has seen (or bring no new
+    architecture), P has converged: it restarts from the prior, keeping every value (``None``: no
+    restarts; the search then ends as ``converged`` after 50 iterations without a new architecture).
     ``callback(evaluation)`` runs after every evaluation; ``stop(evaluation)`` ends the search when
     it returns True. ``result.error`` holds an exception raised by ``evaluate`` (the search ends,
     the history is kept); check ``result.stopped``.
@@ -167,12 +171,17 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     model = ProbModel.uniform(space) if prior is None else prior
     if model.space != space:
         raise ValueError("prior is over a different search space")
+    if restart_after is not None and (isinstance(restart_after, bool) or not isinstance(restart_after, int)
+                                      or restart_after < 1):
+        raise ValueError(f"restart_after must be None or an int >= 1, got {restart_after!r}")
+    start = model
     rng = _generator(seed)
     result = SearchResult(space, model=model)
     rec = _Recorder(result, evaluate, budget, callback, stop)
 
     def loop() -> None:
-        stalled, iteration = 0, 0
+        stalled, flat, iteration = 0, 0, 0
+        run_best: float | None = None  # best value seen by this restart's picks
         while not rec.done:
             if len(rec.values) >= space.size():
                 result.stopped = "exhausted"
@@ -183,6 +192,17 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
             new = sum(rec.score(a, iteration) for a in picked)
             scored = [a for a in picked if a in rec.values]
             stalled = 0 if new else stalled + 1
+            top = max((v for a in scored if (v := rec.values[a]) is not None), default=None)
+            if top is not None and (run_best is None or top > run_best):
+                run_best, flat = top, 0
+            else:
+                flat += 1
+            if restart_after is not None and (flat >= restart_after or stalled >= restart_after):
+                # P has converged on what it has seen: start again from the prior, keep every value
+                result.model, stalled, flat, run_best = start, 0, 0, None
+                result.iterations.append({"iteration": iteration, "evaluations": len(rec.values),
+                                          "entropy": start.entropy(), "restart": True})
+                continue
             if stalled >= STALL_ITERATIONS:
                 result.stopped = "converged"
                 return

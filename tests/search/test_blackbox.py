@@ -185,3 +185,19 @@ def test_search_beats_random_search_on_synthetic_objectives() -> None:
         randomised.append(random_search(obj.space, obj, budget=budget, seed=rep)
                           .evaluations_until(top.__contains__) or budget)
     assert np.median(searched) < 0.4 * np.median(randomised)
+
+
+def test_converged_model_restarts_and_keeps_searching(space: SearchSpace) -> None:
+    # a deceptive objective: a broad basin away from the single best point
+    best = space.from_index((0, 0, 0, 0))
+
+    def evaluate(a):
+        return 100.0 if a == best else float(sum(space.index(a)))
+
+    restarted = search(space, evaluate, budget=256, seed=2, stop=lambda e: e.value == 100.0)
+    assert restarted.best_value == 100.0 and restarted.stopped == "stop"
+    assert any(r.get("restart") for r in restarted.iterations)
+    stuck = search(space, evaluate, budget=256, seed=2, restart_after=None)
+    assert stuck.stopped == "converged" and stuck.evaluations < 256
+    with pytest.raises(ValueError):
+        search(space, evaluate, budget=5, restart_after=0)
