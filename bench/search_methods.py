@@ -6,9 +6,11 @@ Benchmarks (each repeated over seeds; a miss within the budget counts as the bud
   tabular:<name>                        NAS-Bench-Graph (pip package nas-bench-graph, offline; 5 decisions
                                         of 9 choices, 26,206 networks), every encoding scored as its network
   tabular raw keys:<name>               the same, only the table's own keys valid (56% of points invalid)
-Methods: ours (the default of pipeline.search.search), ours with the plain pick, ours with the
-original raw-score softmax update (T 0.2, fixed entropy pool), random search, and a plain
-estimation-of-distribution baseline (50 plain draws, the best quarter, mixed in at rate 0.1).
+Methods: ours (the default of pipeline.search.search: rank utilities, plain pick, restarts), ours
+with the entropy-maximising pick (pool shrinking with P's entropy, and fixed), the original update
+(softmax(perf / T) on raw scores, T 0.2, fixed entropy pool, no restarts: the brief's first build),
+random search, and a plain estimation-of-distribution baseline (50 plain draws, the best quarter,
+mixed in at rate 0.1).
 
 Run from the repository root: ``python -m bench.search_methods --repeats 30``.
 """
@@ -35,11 +37,12 @@ Runner = Callable[[SearchSpace, Callable[[Arch], Any], int, int], SearchResult]
 
 METHODS: dict[str, Runner] = {
     "ours (default)": lambda s, f, b, seed: search(s, f, budget=b, seed=seed),
-    "ours, plain pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="plain"),
-    "ours, fixed pool": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, shrink_pool=False),
+    "ours, entropy pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="entropy"),
+    "ours, entropy pick, fixed pool": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="entropy",
+                                                                  shrink_pool=False),
     "original (softmax T=0.2)": lambda s, f, b, seed: search(
-        s, f, budget=b, seed=seed, utility="softmax", temperature=0.2, smoothing=0.1, step=0.5,
-        pool_factor=8, shrink_pool=False),
+        s, f, budget=b, seed=seed, m=16, pick="entropy", utility="softmax", temperature=0.2, smoothing=0.1,
+        step=0.5, pool_factor=8, shrink_pool=False, restart_after=None),
     "random search": lambda s, f, b, seed: random_search(s, f, budget=b, seed=seed),
     "EDA (50, best 1/4, 0.1)": lambda s, f, b, seed: search(
         s, f, budget=b, seed=seed, m=50, pick="plain", utility="elite", step=0.1, smoothing=0.0),
