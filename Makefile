@@ -7,7 +7,7 @@ export GX_ANALYTICS_ENABLED := false
 export MLFLOW_ENABLE_TELEMETRY := false
 export DO_NOT_TRACK := 1
 
-.PHONY: setup repro test lint bench-data mlflow-ui clean-outputs
+.PHONY: setup repro test lint bench-data mlflow-ui team-server clean-outputs
 
 setup:
 	@bash scripts/setup.sh
@@ -27,3 +27,10 @@ bench-data: setup
 
 mlflow-ui: setup
 	mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000
+
+# The team tracking server (PostgreSQL store, proxied artifacts): `make team-server` starts it and
+# prints the MLFLOW_TRACKING_URI to export; `make team-server TEAM_SERVER=stop` (or status) and
+# TEAM_SERVER_ARGS="--port 5050 --dir /srv/mlflow" choose the action and where it lives.
+TEAM_SERVER ?= start
+team-server: setup
+	bash scripts/team_server.sh $(TEAM_SERVER) $(TEAM_SERVER_ARGS)

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Idempotent set-up of a fresh machine: the Fashion-MNIST Debian package, a virtualenv with the
-# project and its dependencies, and DVC with analytics off. Quick when everything is already there.
+# Idempotent set-up of a fresh machine: the Fashion-MNIST and PostgreSQL Debian packages, a virtualenv
+# with the project and its dependencies, and DVC with analytics off. Quick when everything is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 DATASET_FILE=/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+APT_UPDATED=""
+apt_install() {
+    if [ -z "$APT_UPDATED" ]; then $SUDO apt-get update -qq; APT_UPDATED=1; fi
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "$@"
+}
+
 if [ ! -f "$DATASET_FILE" ]; then
     echo "setup: installing the Debian package dataset-fashion-mnist"
-    SUDO=""
-    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq dataset-fashion-mnist
+    apt_install dataset-fashion-mnist
+fi
+
+# PostgreSQL for the team tracking server (scripts/team_server.sh, tests/test_team_server.py). Not
+# needed by the pipeline: if it cannot be installed, set-up goes on and that test skips, saying why.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
+    echo "setup: installing the Debian package postgresql"
+    apt_install postgresql \
+        || echo "setup: warning: could not install postgresql; tests/test_team_server.py will skip" >&2
 fi
 
 if [ ! -x .venv/bin/python ]; then

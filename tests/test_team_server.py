@@ -1,0 +1,147 @@
+"""The team tracking server (``scripts/team_server.sh``): ``mlflow server`` on a PostgreSQL backend
+store with proxied artifacts. The register stage runs against it over HTTP as it does on the embedded
+store in tests/test_registry.py: the first version becomes champion, a worse challenger is refused by
+the gate, and the aliases are right in PostgreSQL's own tables and after a restart.
+
+Skipped only when the PostgreSQL binaries are absent (scripts/setup.sh installs Debian's
+``postgresql`` package)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeline import tracking
+from pipeline.io import write_json
+from pipeline.registry import CHALLENGER, CHAMPION, download_cascade, metrics_from_tags
+from tests.routing.test_package import save_tiny
+from tests.test_registry import failing, free_port, run_stage, stage_repo, subprocess_env
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "team_server.sh"
+MODEL = "stage-cascade"  # the name stage_repo's params give the registered model
+
+
+def postgres_bin() -> str | None:
+    """Where the script finds initdb: $PG_BIN, /usr/lib/postgresql/*/bin, or PATH."""
+    candidates = [os.environ.get("PG_BIN", "")] + sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+    for directory in filter(None, candidates):
+        if os.access(os.path.join(directory, "initdb"), os.X_OK):
+            return directory
+    found = shutil.which("initdb")
+    return os.path.dirname(found) if found else None
+
+
+def script(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    return save_tiny(tmp_path_factory.mktemp("team") / "model")[1]
+
+
+@pytest.fixture(scope="module")
+def team_server() -> Iterator[dict[str, object]]:
+    """The script's server on a free port, its directory fresh; stopped and removed in teardown
+    whatever happened (a failed start included)."""
+    if postgres_bin() is None:
+        pytest.skip("PostgreSQL binaries absent (no initdb in $PG_BIN, /usr/lib/postgresql/*/bin or PATH): "
+                    "install Debian's postgresql package (scripts/setup.sh does)")
+    # Not pytest's tmp_path: its folders are closed to other users (0700), and as root the cluster
+    # belongs to the postgres user, who must be able to enter the directory.
+    directory = Path(tempfile.mkdtemp(prefix="cascade-team-"))
+    if os.geteuid() == 0:
+        directory.chmod(0o711)
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    env = subprocess_env(uri)
+    args = ("--port", str(port), "--dir", str(directory), "--workers", "1")
+    try:
+        started = script("start", *args, env=env)
+        assert started.returncode == 0, f"start failed:\n{started.stdout}\n{started.stderr}"
+        yield {"uri": uri, "dir": directory, "args": args, "env": env, "started": started.stdout}
+    finally:
+        stopped = script("stop", *args, env=env, timeout=60)
+        shutil.rmtree(directory, ignore_errors=True)
+        assert stopped.returncode == 0, f"stop failed:\n{stopped.stdout}\n{stopped.stderr}"
+
+
+def test_start_prints_the_uri_status_and_is_idempotent(team_server: dict) -> None:
+    uri, args, env = team_server["uri"], team_server["args"], team_server["env"]
+    assert f"export MLFLOW_TRACKING_URI={uri}" in team_server["started"].splitlines()
+    status = script("status", *args, env=env)
+    assert status.returncode == 0 and "running" in status.stdout and uri in status.stdout
+    again = script("start", *args, env=env)
+    pid = (team_server["dir"] / "mlflow.pid").read_text().strip()
+    assert again.returncode == 0 and f"already running (pid {pid}" in again.stdout
+    assert f"export MLFLOW_TRACKING_URI={uri}" in again.stdout
+
+
+def postgres_registry(directory: Path) -> tuple[dict[str, int], list[int]]:
+    """The aliases and versions of MODEL as PostgreSQL's own tables hold them."""
+    import psycopg2
+
+    conn = psycopg2.connect(host=str(directory / "pg" / "run"), port=5432, user="mlflow", dbname="mlflow")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT alias, version FROM registered_model_aliases WHERE name = %s", (MODEL,))
+            aliases = {alias: int(version) for alias, version in cur.fetchall()}
+            cur.execute("SELECT version FROM model_versions WHERE name = %s ORDER BY version", (MODEL,))
+            versions = [int(v) for (v,) in cur.fetchall()]
+    finally:
+        conn.close()
+    return aliases, versions
+
+
+def test_register_stage_gate_on_postgres(team_server: dict, model_dir: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(team_server["uri"]))
+    root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
+    assert run_stage(root, model_dir) == 0
+    first = json.loads((root / "metrics/register.json").read_text())
+    assert first["version"] == 1 and first["passed"] and first["champion"] == 1
+    champion = tracking.get_version_by_alias(MODEL, CHAMPION, root=root)
+    assert champion is not None and champion["version"] == "1"
+    assert champion["tags"]["gate"] == "passed" and champion["tags"]["dvc.out.data/prepared"] == "aaa.dir"
+    assert metrics_from_tags(champion["tags"]) == {"accuracy": 0.9, "mean_macs": 1000.0}
+
+    # a challenger over the MACs cap with no cheaper setting: refused, champion stays v1
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.95, "mean_macs": 1100.0}})
+    assert run_stage(root, model_dir) == 0
+    second = json.loads((root / "metrics/register.json").read_text())
+    assert second["version"] == 2 and not second["passed"] and second["champion"] == 1
+    assert failing(second["reasons"]) == ["equal cost"]
+    assert tracking.get_version_by_alias(MODEL, CHAMPION, root=root)["version"] == "1"
+    challenger = tracking.get_version_by_alias(MODEL, CHALLENGER, root=root)
+    assert challenger["version"] == "2" and challenger["tags"]["gate"] == "failed"
+
+    # the registry lives in PostgreSQL and the artifacts in the server's folder, nothing in the root
+    assert postgres_registry(team_server["dir"]) == ({CHAMPION: 1, CHALLENGER: 2}, [1, 2])
+    assert not (root / "mlflow.db").exists() and not (root / "mlruns").exists()
+    assert list((team_server["dir"] / "artifacts").rglob("MLmodel"))
+
+
+def test_restart_keeps_the_registry(team_server: dict, model_dir: Path, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stop and start again on the same directory: the champion and its artifacts are still there."""
+    args, env = team_server["args"], team_server["env"]
+    assert script("stop", *args, env=env, timeout=60).returncode == 0
+    stopped = script("status", *args, env=env)
+    assert stopped.returncode == 3 and "stopped" in stopped.stdout
+    restarted = script("start", *args, env=env)
+    assert restarted.returncode == 0, restarted.stderr
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(team_server["uri"]))
+    assert tracking.get_version_by_alias(MODEL, CHAMPION, root=tmp_path)["version"] == "1"
+    downloaded = download_cascade(f"models:/{MODEL}@{CHAMPION}", tmp_path / "champion")
+    assert (downloaded / "cascade.json").read_bytes() == (model_dir / "cascade.json").read_bytes()
