@@ -311,8 +311,8 @@ def test_ingest_stage_passes_the_pixel_limit(tmp_path: Path, capsys: pytest.Capt
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     root = image_folder(tmp_path / "imgs")
-    for class_dir in ("cat", "dog"):  # 10 images a class: enough for every split
-        for i in range(3, 10):
+    for class_dir in ("cat", "dog"):  # 20 images a class: enough for every split (19 needed at the defaults)
+        for i in range(3, 20):
             Image.fromarray(np.full((20, 20), 60 + i, np.uint8)).save(root / class_dir / f"{i}.png")
     params = load_params("params.yaml")
     for limit, status in ((399, 1), (400, 0)):

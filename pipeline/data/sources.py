@@ -24,6 +24,8 @@ FASHION_MNIST_CLASSES = (
     "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+IDX_CLASSES_FILE = "classes.txt"  # in an `idx:` directory: one class name a line, line i naming label i
+MNIST_FORMAT_CLASSES = 10  # labels an `idx:` source may use without a classes file: 0..9
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -71,7 +73,16 @@ def _find_idx(directory: Path, stem: str) -> Path:
                     "package dataset-fashion-mnist: `make setup`)")
 
 
-def _idx_split(directory: Path, prefix: str, name: str, classes: tuple[str, ...]) -> Split:
+def _check_labels(labels: np.ndarray, n_classes: int, labels_path: Path, hint: str = "") -> None:
+    """Every label of an IDX labels file must be a class index 0..n_classes-1; the first that is not is
+    named by its row index and value."""
+    bad = np.flatnonzero((labels < 0) | (labels >= n_classes))
+    if len(bad):
+        raise DataError(f"IDX file {labels_path}: {len(bad)} labels outside the class set 0..{n_classes - 1}, "
+                        f"e.g. index {bad[0]} has label {labels[bad[0]]}{hint}")
+
+
+def _idx_split(directory: Path, prefix: str, name: str, classes: tuple[str, ...], hint: str = "") -> Split:
     images_path = _find_idx(directory, f"{prefix}-images-idx3-ubyte")
     labels_path = _find_idx(directory, f"{prefix}-labels-idx1-ubyte")
     images = read_idx(images_path)
@@ -81,24 +92,62 @@ def _idx_split(directory: Path, prefix: str, name: str, classes: tuple[str, ...]
     if labels.ndim != 1 or len(labels) != len(images):
         raise DataError(f"IDX files {images_path} and {labels_path} disagree: {len(images)} images, "
                         f"labels of shape {labels.shape}")
-    bad = np.flatnonzero((labels < 0) | (labels >= len(classes)))
-    if len(bad):
-        raise DataError(f"IDX file {labels_path}: {len(bad)} labels outside the class set 0..{len(classes) - 1}, "
-                        f"e.g. index {bad[0]} has label {labels[bad[0]]}")
+    _check_labels(labels, len(classes), labels_path, hint)
     ids = np.array([f"{name}-{i:05d}" for i in range(len(images))])
     return Split(name, images[:, None, :, :].copy(), labels, ids)
 
 
+def read_idx_classes(path: Path) -> tuple[str, ...]:
+    """The class names of an ``idx:`` directory's classes file: one a line (line i names label i),
+    stripped; no blank or repeated name."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"classes file {path} cannot be read: {exc}") from None
+    while lines and not lines[-1].strip():  # a trailing blank line is no class
+        lines.pop()
+    names = tuple(line.strip() for line in lines)
+    if not names:
+        raise DataError(f"classes file {path} names no class (one class name a line, line i naming label i)")
+    seen: dict[str, int] = {}
+    for number, class_name in enumerate(names, 1):
+        if not class_name:
+            raise DataError(f"classes file {path}: line {number} is blank (one class name a line, line i "
+                            "naming label i)")
+        if class_name in seen:
+            raise DataError(f"classes file {path}: line {number} repeats class {class_name!r} of line "
+                            f"{seen[class_name]}")
+        seen[class_name] = number
+    return names
+
+
 def load_idx_dir(directory: str | os.PathLike[str], classes: tuple[str, ...] | None = None) -> RawDataset:
-    """A directory holding ``train-*`` and ``t10k-*`` IDX files (as MNIST and Fashion-MNIST ship)."""
+    """A directory holding ``train-*`` and ``t10k-*`` IDX files (as MNIST and Fashion-MNIST ship).
+
+    The class set is ``classes`` if given, else the names in ``<directory>/classes.txt`` (one a line,
+    line i naming label i), else MNIST's: labels 0..9, named ``"0"``.. up to the largest training
+    label. A label outside the class set (in either file) is an error naming the file, the row and the
+    value; a class of the set with too few images is refused by the ingest stage."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DataError(f"IDX directory {directory} does not exist")
-    if classes is None:
-        labels = read_idx(_find_idx(directory, "train-labels-idx1-ubyte"))
+    hint = ""
+    if classes is None and (directory / IDX_CLASSES_FILE).exists():
+        classes = read_idx_classes(directory / IDX_CLASSES_FILE)
+        hint = f" (the classes listed in {directory / IDX_CLASSES_FILE})"
+    elif classes is None:
+        labels_path = _find_idx(directory, "train-labels-idx1-ubyte")
+        labels = read_idx(labels_path)
+        if labels.ndim != 1 or len(labels) == 0:
+            raise DataError(f"IDX file {labels_path}: expected a non-empty list of labels, "
+                            f"got shape {labels.shape}")
+        hint = (f" (without {directory / IDX_CLASSES_FILE}, the classes of an IDX source are 0 up to its "
+                "largest training label, at most 9 as in MNIST; for other classes list their names there, "
+                "one a line, line i naming label i)")
+        _check_labels(labels.astype(np.int64), MNIST_FORMAT_CLASSES, labels_path, hint)
         classes = tuple(str(i) for i in range(int(labels.max()) + 1))
-    train = _idx_split(directory, "train", "train", classes)
-    test = _idx_split(directory, "t10k", "test", classes)
+    train = _idx_split(directory, "train", "train", classes, hint)
+    test = _idx_split(directory, "t10k", "test", classes, hint)
     return RawDataset(train, test, classes, f"idx:{directory}")
 
 
@@ -261,21 +310,38 @@ def decode_image_file(path: str | os.PathLike[str], channels: int, size: int | t
     return decode_image_bytes(data, channels, size, max_pixels=max_pixels, name=name)
 
 
+def _class_files(class_dir: Path) -> list[Path]:
+    """The PNG/JPEG files of one class folder, sorted. A class folder holds images only, no sub-folder
+    (hidden ones, such as ``.ipynb_checkpoints``, are skipped): nested classes are refused, not merged."""
+    entries = sorted(class_dir.iterdir())
+    nested = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
+    if nested:
+        more = f" (and {len(nested) - 1} more)" if len(nested) > 1 else ""
+        raise DataError(f"class folder {class_dir} holds a sub-folder {nested[0]}{more}: an image folder has "
+                        "one level of class folders with the images directly inside; make each sub-folder a "
+                        f"class folder of its own, or move its images up into {class_dir} to keep them one "
+                        "class")
+    files = [p for p in entries if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    if not files:
+        raise DataError(f"class folder {class_dir} holds no PNG/JPEG images")
+    return files
+
+
 def load_imagefolder(directory: str | os.PathLike[str], channels: int, image_size: int, *,
                      max_pixels: int = DEFAULT_MAX_PIXELS) -> RawDataset:
-    """One sub-folder per class; every PNG/JPEG inside is decoded, converted and resized. The first
-    file that cannot be (corrupt, truncated, empty, over ``max_pixels``) stops the load, named."""
+    """One sub-folder per class, the images directly inside (a nested sub-folder is refused, named);
+    every PNG/JPEG is decoded, converted and resized. The first file that cannot be (corrupt,
+    truncated, empty, over ``max_pixels``) stops the load, named. The layout is checked in full before
+    any image is decoded."""
     directory = Path(directory)
     if not directory.is_dir():
         raise DataError(f"image folder {directory} does not exist")
     class_dirs = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
     if len(class_dirs) < 2:
         raise DataError(f"image folder {directory} needs at least two class sub-folders, found {len(class_dirs)}")
+    class_files = [_class_files(class_dir) for class_dir in class_dirs]
     images, labels, ids = [], [], []
-    for label, class_dir in enumerate(class_dirs):
-        files = sorted(p for p in class_dir.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise DataError(f"class folder {class_dir} holds no PNG/JPEG images")
+    for label, files in enumerate(class_files):
         for file in files:
             images.append(decode_image_file(file, channels, image_size, max_pixels=max_pixels))
             labels.append(label)

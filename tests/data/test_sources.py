@@ -69,6 +69,50 @@ def test_label_outside_class_set(tmp_path):
         load_source(f"fashion-mnist:{tmp_path}", channels=1, image_size=6)
 
 
+def test_idx_label_outside_the_mnist_class_set_is_named(tmp_path):
+    """Without a classes file an `idx:` source has at most MNIST's 10 classes: label 200 is an error
+    naming the file, the row and the value (it used to make 201 classes, 191 of them empty)."""
+    make_idx_dir(tmp_path, label_override=200)
+    labels_file = tmp_path / "train-labels-idx1-ubyte.gz"
+    with pytest.raises(DataError, match=f"IDX file {labels_file}: 1 labels outside the class set 0..9, "
+                                        "e.g. index 3 has label 200 .*classes.txt"):
+        load_source(f"idx:{tmp_path}", channels=1, image_size=6)
+
+
+def test_idx_test_label_outside_the_training_classes_is_named(tmp_path):
+    make_idx_dir(tmp_path)  # 3 classes: 0..2
+    labels = (np.arange(10) % 3).astype(np.uint8)
+    labels[7] = 5
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", labels)
+    with pytest.raises(DataError, match="t10k-labels-idx1-ubyte.gz: 1 labels outside the class set 0..2, "
+                                        "e.g. index 7 has label 5"):
+        load_idx_dir(tmp_path)
+
+
+def test_idx_classes_file_sets_the_class_set(tmp_path):
+    make_idx_dir(tmp_path, n_classes=3, label_override=11)
+    names = [f"letter {chr(65 + i)}" for i in range(12)]
+    (tmp_path / "classes.txt").write_text("\n".join(names) + "\n")
+    data = load_source(f"idx:{tmp_path}", channels=1, image_size=6)
+    assert data.classes == tuple(names) and data.train.labels[3] == 11
+    (tmp_path / "classes.txt").write_text("\n".join(names[:11]) + "\n")  # label 11 is now outside
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte.gz: 1 labels outside the class set 0..10, "
+                                        "e.g. index 3 has label 11 .*classes listed in"):
+        load_idx_dir(tmp_path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("a\n\nb\n", "line 2 is blank"),
+    ("a\nb\na\n", "line 3 repeats class 'a' of line 1"),
+    ("\n", "names no class"),
+])
+def test_idx_bad_classes_file_is_named(tmp_path, text, message):
+    make_idx_dir(tmp_path)
+    (tmp_path / "classes.txt").write_text(text)
+    with pytest.raises(DataError, match=f"classes file {tmp_path / 'classes.txt'}.*{message}"):
+        load_idx_dir(tmp_path)
+
+
 def test_digits_are_resized_uint8():
     data = load_digits(16)
     assert data.train.images.shape[1:] == (1, 16, 16)
@@ -99,6 +143,33 @@ def test_imagefolder_corrupt_file_is_named(tmp_path):
     (root / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n garbage")
     with pytest.raises(DataError, match="broken.png"):
         load_imagefolder(root, channels=1, image_size=12)
+
+
+def test_imagefolder_nested_folder_is_refused_not_merged(tmp_path):
+    """`animals/{cats,dogs}` used to become one class `animals`; now the nested folder is named."""
+    root = make_folder(tmp_path / "imgs")
+    for sub in ("cats", "dogs"):
+        (root / "animals" / sub).mkdir(parents=True)
+        Image.new("L", (8, 8), 50).save(root / "animals" / sub / "0.png")
+    with pytest.raises(DataError, match=f"class folder {root / 'animals'} holds a sub-folder "
+                                        f"{root / 'animals' / 'cats'} \\(and 1 more\\)"):
+        load_imagefolder(root, channels=1, image_size=12)
+
+
+def test_imagefolder_nested_folder_is_found_before_decoding(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    (root / "cat" / "broken.png").write_bytes(b"not an image")  # would fail first if decoding came first
+    (root / "dog" / "puppies").mkdir()
+    with pytest.raises(DataError, match="holds a sub-folder .*puppies"):
+        load_imagefolder(root, channels=1, image_size=12)
+
+
+def test_imagefolder_hidden_sub_folder_is_skipped(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    (root / "cat" / ".ipynb_checkpoints").mkdir()
+    Image.new("L", (8, 8), 50).save(root / "cat" / ".ipynb_checkpoints" / "0-checkpoint.png")
+    data = load_imagefolder(root, channels=1, image_size=12)
+    assert data.classes == ("cat", "dog") and len(data.train) == 8
 
 
 def test_imagefolder_empty_class_is_named(tmp_path):
