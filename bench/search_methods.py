@@ -45,7 +45,8 @@ METHODS: dict[str, Runner] = {
         step=0.5, pool_factor=8, shrink_pool=False, restart_after=None),
     "random search": lambda s, f, b, seed: random_search(s, f, budget=b, seed=seed),
     "EDA (50, best 1/4, 0.1)": lambda s, f, b, seed: search(
-        s, f, budget=b, seed=seed, m=50, pick="plain", utility="elite", step=0.1, smoothing=0.0),
+        s, f, budget=b, seed=seed, m=50, pick="plain", utility="elite", step=0.1, smoothing=0.0,
+        restart_after=None),
 }
 SCALES = {"synthetic x1": (1.0, 0.0), "synthetic x0.01": (0.01, 0.0), "synthetic x100": (100.0, 0.0),
           "synthetic +1000": (1.0, 1000.0)}
