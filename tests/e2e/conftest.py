@@ -62,3 +62,17 @@ def tiny_repo(tmp_path_factory) -> Path:
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "repro"], repo)
     return repo
+
+
+def changed_stages(status: str) -> set[str]:
+    """Stage names that ``dvc status`` reports as changed, leaving out those whose only reason is
+    ``always changed`` (ingest re-runs on every repro; identical data gives identical outputs)."""
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in status.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith(":"):
+            current = line.strip().rstrip(":")
+            blocks[current] = []
+        elif current is not None and line.strip():
+            blocks[current].append(line.strip())
+    return {name for name, reasons in blocks.items() if reasons != ["always changed"]}

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tests.e2e.conftest import run
+from tests.e2e.conftest import changed_stages, run
 from tests.e2e.test_data_stages import dag_edges
 
 pytestmark = pytest.mark.e2e
@@ -50,9 +50,7 @@ def test_changing_the_last_module_reruns_only_it_and_what_follows(tiny_repo):
     params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
     params["modules"]["m3"]["train"] = {"epochs": 1}
     (tiny_repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    status = run(["dvc", "status"], tiny_repo).stdout
-    changed = {line.strip().rstrip(":") for line in status.splitlines() if line and not line.startswith("\t")
-               and line.strip().endswith(":") and not line.startswith(" ")}
+    changed = changed_stages(run(["dvc", "status"], tiny_repo).stdout)
     assert "train@m3" in changed
     assert not changed & {"ingest", "validate", "grade", "profile", "train@m1", "train@m2", "search@m2",
                           "select@m2"}, changed
