@@ -40,8 +40,6 @@ def test_dag_order(tiny_repo):
 
 def test_noop_repro_and_param_change_reruns_only_dependents(tiny_repo):
     assert changed_stages(run(["dvc", "status"], tiny_repo).stdout) == set()
-    repro = run(["dvc", "repro"], tiny_repo).stdout  # ingest re-runs (always_changed) with identical outputs
-    assert "Stage 'validate' didn't change, skipping" in repro and "Running stage 'grade'" not in repro
     params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
     params["grade"]["folds"] = 4
     (tiny_repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
