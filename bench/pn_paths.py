@@ -1,6 +1,6 @@
 """P(N) of each trained supernet against uniformly random paths (issue 10's training target).
 
-For every supernet module of the trained pipeline (``models/mK/train``): the final probability
+For every supernet module of the trained pipeline (``models/modules/mK/train``): the final probability
 model's entropy as a share of its maximum, and the exit accuracy on the held-out ``route`` split
 of its most likely path against the median of ``--paths`` uniformly random paths (seeded), each
 behind the pipeline's own frozen modules 1..K-1. Reads what ``dvc repro`` wrote; trains nothing.
@@ -47,7 +47,7 @@ def module_report(models: Path, k: int, costs: CostModel, split, paths: int, see
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", type=Path, default=Path("models"))
+    p.add_argument("--models", type=Path, default=Path("models/modules"))
     p.add_argument("--data", type=Path, default=Path("data/prepared"))
     p.add_argument("--profile", type=Path, default=Path("models/profile.json"))
     p.add_argument("--paths", type=int, default=16, help="uniformly random paths per supernet")

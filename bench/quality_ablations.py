@@ -6,7 +6,7 @@
 
 Part m1 trains module 1 (the params' spec and epochs) four ways: the default (params' head and
 curriculum), the global-pool head (`gap`), and the curricula `all` and `cumulative`. Part m2 takes
-module 1 from `models/m1/train` (or trains it), then trains module 2 four ways: as a plain module,
+module 1 from `models/modules/m1/train` (or trains it), then trains module 2 four ways: as a plain module,
 and as a supernet of the same width (the params' supernet ops and layers) with method B alone,
 + sandwich rule, + sandwich and in-place distillation; for each supernet it reports the calib exit
 accuracy of the space's largest, smallest and default path, of P(N)'s most likely path, the median
@@ -200,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=0, help="epochs per module (0: the params' own)")
     p.add_argument("--max-train", type=int, default=0, help="first N training images only (0: all)")
     p.add_argument("--paths", type=int, default=8, help="random paths of the supernet to score (part m2)")
-    p.add_argument("--models", type=Path, default=Path("models"), help="module 1 is loaded from here if trained")
+    p.add_argument("--models", type=Path, default=Path("models/modules"),
+                   help="module 1 is loaded from here if trained")
     p.add_argument("--variants", nargs="*", default=[], help="part pm: only these variants (default: all)")
     p.add_argument("--out", type=Path, default=Path("docs/results/quality_ablations.json"))
     args = p.parse_args(argv)

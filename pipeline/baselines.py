@@ -180,11 +180,15 @@ def train_baseline(
     *,
     on_epoch: EpochCallback | None = None,
     progress: bool = True,
+    device: torch.device | None = None,
+    precision: str = "fp32",
 ) -> PlainCNN:
-    """A ``PlainCNN`` of ``width`` trained on images (N, C, H, W) uint8, returned in eval mode.
+    """A ``PlainCNN`` of ``width`` trained on images (N, C, H, W) uint8, returned on the CPU in eval mode.
 
     Initial weights come from ``seed`` in a forked RNG (the caller's global RNG is untouched); data
     order and augmentation from ``seed`` too, so the same inputs give bitwise-identical weights on CPU.
+    ``device`` (default: the CPU) is where it trains (weights initialised on the CPU, then moved);
+    ``precision`` (``compute.precision``) is passed on to ``train_module``.
     """
     images_uint8 = np.asarray(images_uint8)
     if images_uint8.ndim != 4 or images_uint8.dtype != np.uint8:
@@ -195,10 +199,11 @@ def train_baseline(
         module = PlainCNN(width, image_shape[0], num_classes)
     macs = plain_macs(module, image_shape)
     labels = np.asarray(labels, dtype=np.int64)  # (N,)
+    module.to(torch.device("cpu") if device is None else device)
     train_module(module, Prefix((), tuple(mean), tuple(std)), images_uint8, labels, cfg.train_config(seed),
                  cost_of=lambda _arch: macs, cost_max=macs, exit_saving=0.0,
-                 on_epoch=on_epoch, progress=progress)
-    return module.eval()
+                 on_epoch=on_epoch, progress=progress, precision=precision)
+    return module.cpu().eval()
 
 
 # ----------------------------------------------------------------------------------------- outputs
@@ -208,6 +213,7 @@ def plain_outputs(module: PlainCNN, images_uint8: np.ndarray, mean: Sequence[flo
                   kind: str = "maxprob") -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (N, K) and confidence (N,) of ``module`` on images (N, C, H, W) uint8, no augmentation."""
     logits, _ = module_outputs(module, Prefix((), tuple(mean), tuple(std)), images_uint8, NO_ARCH, EVAL_BATCH)
+    logits = logits.float()  # on the CPU; float32 also after a bf16 autocast run (a no-op otherwise)
     return logits, confidence(logits, kind)  # (N, K), (N,)
 
 

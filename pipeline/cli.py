@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--max-pixels", type=_positive_int, default=DEFAULT_MAX_PIXELS, metavar="N",
                      help="refuse an image whose header says more than N pixels (width x height), "
                           f"before decoding it (default {DEFAULT_MAX_PIXELS:,})")
+    rec.add_argument("--device", default="auto",
+                     help="where the cascade runs: auto (cuda if available, else cpu), cpu, cuda or cuda:N "
+                          "(default auto); answers do not depend on it beyond float rounding")
     rec.set_defaults(func=_cmd_recognize)
 
     info = sub.add_parser("info", help="describe a saved cascade")
@@ -84,9 +87,16 @@ def _error(message: str, stream: TextIO | None = None) -> None:
     print(f"error: {message}", file=stream or sys.stderr)
 
 
-def _open_model(model: str) -> LoadedCascade | None:
-    """The loaded cascade, or None after printing why it cannot be used."""
+def _open_model(model: str, device: str = "cpu") -> LoadedCascade | None:
+    """The loaded cascade on ``device`` (a ``--device`` value), or None after printing why not."""
+    from pipeline.device import resolve_device
     from pipeline.routing.package import load_cascade
+
+    try:
+        where = resolve_device(device, key="--device")
+    except ValueError as exc:  # a bad spelling, or CUDA asked for on a machine without it
+        _error(str(exc))
+        return None
 
     try:
         directory = resolve_model_uri(model)
@@ -100,7 +110,7 @@ def _open_model(model: str) -> LoadedCascade | None:
         _error(f"cannot fetch model {model}: {exc}")
         return None
     try:
-        return load_cascade(directory)
+        return load_cascade(directory, where)
     except ValueError as exc:
         _error(f"cannot load model {model}: {exc}")
         return None
@@ -120,7 +130,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
 def _cmd_recognize(args: argparse.Namespace) -> int:
     from pipeline.routing.package import collect_image_paths, format_subnets, recognize_files
 
-    loaded = _open_model(args.model)
+    loaded = _open_model(args.model, args.device)
     if loaded is None:
         return 2
     files, errors = collect_image_paths(args.paths)

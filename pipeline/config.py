@@ -4,6 +4,7 @@ reads the params file itself. Every check raises :class:`ConfigError` naming the
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,8 @@ import yaml
 
 CURRICULA = ("weighted", "cumulative", "exclusive", "all")
 SCORERS = ("pca-logreg", "knn")
+PRECISIONS = ("fp32", "bf16")  # compute.precision (pipeline.device.autocast)
+DEVICE_PATTERN = r"auto|cpu|cuda|cuda:\d+"  # compute.device (pipeline.device.resolve_device)
 
 
 class ConfigError(ValueError):
@@ -246,3 +249,42 @@ class ProfileConfig:
         _check(all(isinstance(b, int) and b >= 1 for b in cfg.batch_sizes) and 1 in cfg.batch_sizes,
                "profile.batch_sizes", f"must be positive ints including 1, got {list(cfg.batch_sizes)}")
         return cfg
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """Where torch runs (``compute``; optional: defaults ``auto`` and ``fp32``, so older params files
+    still work). ``device``: auto (cuda if available, else cpu) | cpu | cuda | cuda:N, resolved to a
+    ``torch.device`` by :func:`pipeline.device.resolve_device` at run time (here only the spelling is
+    checked: no torch import). ``precision``: fp32 | bf16 (bf16 autocast, CUDA only)."""
+
+    device: str = "auto"
+    precision: str = "fp32"
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ComputeConfig:
+        s = params.get("compute") or {}
+        _check(isinstance(s, Mapping), "compute", f"must be a mapping, got {s!r}")
+        return cls.of(_get(s, "device", "compute", str, "auto"), _get(s, "precision", "compute", str, "fp32"))
+
+    @classmethod
+    def of(cls, device: str, precision: str = "fp32") -> ComputeConfig:
+        """A checked config from the two strings (also what ``--device`` flags build)."""
+        _check(isinstance(device, str) and re.fullmatch(DEVICE_PATTERN, device) is not None, "compute.device",
+               f"must be auto, cpu, cuda or cuda:N (N an int >= 0), got {device!r}")
+        _check(precision in PRECISIONS, "compute.precision",
+               f"must be one of {PRECISIONS}, got {precision!r}")
+        _check(not (precision == "bf16" and device == "cpu"), "compute.precision",
+               "bf16 needs a CUDA device (compute.device is cpu); use fp32 on the CPU")
+        return cls(device, precision)
+
+    def resolve(self) -> Any:
+        """The ``torch.device`` to run on (:func:`pipeline.device.resolve_device`); bf16 on a device
+        that resolves to the CPU (``auto`` without CUDA) is a :class:`ConfigError` naming
+        ``compute.precision``."""
+        from pipeline.device import resolve_device
+
+        device = resolve_device(self.device)
+        _check(not (self.precision == "bf16" and device.type != "cuda"), "compute.precision",
+               f"bf16 needs a CUDA device, but compute.device {self.device!r} resolved to {device}; use fp32")
+        return device

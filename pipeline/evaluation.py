@@ -15,9 +15,20 @@ from pipeline.routing.calibration import oracle, simulate_thresholds
 from pipeline.routing.engine import CascadeOutput, Stage, run_all_exits, run_cascade
 
 
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor on any device as a NumPy array (bf16/fp16 as float32); on the CPU the same data."""
+    t = t.detach().cpu()
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def cascade_summary(out: CascadeOutput, labels: np.ndarray, n_classes: int, levels: np.ndarray | None) -> dict:
     """Accuracy, mean MACs, exit distribution, per-class accuracy, confusion, exit rate per level."""
-    pred, exits, macs = out.pred.numpy(), out.exit_index.numpy(), out.macs.numpy()
+    pred, exits, macs = to_numpy(out.pred), to_numpy(out.exit_index), to_numpy(out.macs)
     k = len(out.calls)
     confusion = np.zeros((n_classes, n_classes), dtype=np.int64)
     np.add.at(confusion, (labels, pred), 1)
@@ -40,13 +51,13 @@ def cascade_summary(out: CascadeOutput, labels: np.ndarray, n_classes: int, leve
 def all_exit_figures(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str) -> dict[str, Any]:
     """Each exit alone (accuracy, mean MACs to reach it), the oracle, and the arrays for curves."""
     outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512)
-    correct = (outs["pred"].numpy() == labels[:, None])
-    cum = outs["cum_macs"].numpy().astype(np.float64)
+    correct = (to_numpy(outs["pred"]) == labels[:, None])
+    cum = to_numpy(outs["cum_macs"]).astype(np.float64)
     o_acc, o_macs = oracle(correct, cum)
     return {"exits": [{"exit": j + 1, "accuracy": float(correct[:, j].mean()), "mean_macs": float(cum[:, j].mean())}
                       for j in range(correct.shape[1])],
             "oracle": {"accuracy": float(o_acc), "mean_macs": float(o_macs)},
-            "_conf": outs["conf"].numpy(), "_correct": correct, "_cum": cum}
+            "_conf": to_numpy(outs["conf"]), "_correct": correct, "_cum": cum}
 
 
 def budget_curve(conf: np.ndarray, correct: np.ndarray, cum: np.ndarray, points: int = 41) -> list[dict]:
@@ -66,12 +77,15 @@ def time_cascade(stages: Sequence[Stage], x: torch.Tensor, kind: str, *, batch1_
     for i in range(min(batch1_images, len(x))):
         start = time.perf_counter()
         run_cascade(stages, x[i:i + 1], confidence_kind=kind)
+        _sync(x.device)
         singles.append((time.perf_counter() - start) * 1e3)
     run_cascade(stages, x[:big_batch], confidence_kind=kind)  # warm-up
+    _sync(x.device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
         run_cascade(stages, x, confidence_kind=kind, batch_size=big_batch)
+        _sync(x.device)
         best = min(best, time.perf_counter() - start)
     return {"latency_ms_b1_median": statistics.median(singles), "throughput_b%d" % big_batch: len(x) / best}
 
@@ -89,7 +103,7 @@ def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray
             fixed = Stage(stage.module, (arch,), (macs,), float("inf"))
             outs = run_all_exits([*stages[:k], fixed], x, confidence_kind=kind, batch_size=512)
             rows.append({"module": k + 1, "path": arch.key(), "macs": float(outs["cum_macs"][:, -1].double().mean()),
-                         "accuracy": float((outs["pred"][:, -1].numpy() == labels).mean())})
+                         "accuracy": float((to_numpy(outs["pred"][:, -1]) == labels).mean())})
     return rows
 
 

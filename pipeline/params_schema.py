@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeline.config import CURRICULA, SCORERS, ConfigError
+from pipeline.config import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, ConfigError
 
 # Mirrors of library enumerations (importing them would import torch); tests keep them equal.
 KINDS = ("fixed", "supernet")  # pipeline.models.modules.KINDS
@@ -173,7 +173,7 @@ class Section:
 class Custom:
     """A section checked by a function ``(value, key, params) -> problems`` (the ``modules`` section)."""
 
-    check: Callable[[Any, str, Mapping[str, Any]], list[str]]
+    check: Callable[..., list[str]]  # (value, key, params, partial=...) -> problems
     required: bool = True
     doc: str = field(default="")
 
@@ -234,6 +234,19 @@ def _profile_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         yield "batch_sizes", f"must include 1, got {v['batch_sizes']!r}"
 
 
+# Where torch runs (pipeline.config.ComputeConfig, pipeline.device).
+COMPUTE = {
+    "device": Str(default="auto", pattern=DEVICE_PATTERN,
+                  pattern_doc="auto, cpu, cuda or cuda:N (N an int >= 0)"),
+    "precision": Str(choices=PRECISIONS, default="fp32", doc="bf16: autocast on CUDA only"),
+}
+
+
+def _compute_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if v.get("precision") == "bf16" and v.get("device") == "cpu":
+        yield "precision", "bf16 needs a CUDA device (compute.device is cpu); use fp32 on the CPU"
+
+
 # The common training settings (pipeline.train.loop.TrainConfig); modules.mK.train overrides any of them.
 TRAIN = {
     "epochs": Int(required=True, ge=1),
@@ -263,6 +276,7 @@ TRAIN = {
     "distill": Number(ge=0, default=0.0),
     "utility": Str(choices=UTILITIES, default="rank"),
     "paired_perf": Bool(default=True),
+    "processes": Int(ge=1, default=1),
 }
 
 
@@ -360,10 +374,37 @@ def _spec_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 
 
 MODULE_TRAIN = {name: replace(key, required=False) for name, key in TRAIN.items()}
-MODULE_KEYS = ("spec", "train")
+MODULE_KEYS = ("after", "spec", "train")
+# modules.mK.after: what module K stacks on, as the path train@mK depends on in dvc.yaml (DVC templating
+# cannot compute "the previous module"): the prepared images for m1, the previous module's directory
+# (train, search, select outputs) for every later one. Modules run in series, so it is fixed by K.
+MODULE_INPUT = "data/prepared"
+MODULES_DIR = "models/modules"
 
 
-def _check_modules(value: Any, key: str, params: Mapping[str, Any]) -> list[str]:
+def module_after(k: int) -> str:
+    """The value ``modules.mK.after`` must have."""
+    return MODULE_INPUT if k == 1 else f"{MODULES_DIR}/m{k - 1}"
+
+
+def _after_problem(name: str, after: Any, names: list[str], mkey: str) -> str | None:
+    k = int(name[1:]) if re.fullmatch(r"m[1-9]\d*", name) else None
+    if k is None:
+        return None  # the m1..mK naming problem is reported already
+    want = module_after(k)
+    fix = f"write `after: {want}` ({'the images' if k == 1 else f'module m{k - 1}'}, what {name} stacks on)"
+    if after is None:
+        return f"{mkey}.after is missing: {fix}"
+    if after == want:
+        return None
+    m = re.fullmatch(re.escape(MODULES_DIR) + r"/(m\d+)/?", str(after))
+    if m and m.group(1) not in names:
+        return (f"{mkey}.after stacks {name} on module {m.group(1)}, which is not in {names}: the cascade "
+                f"runs its modules in series, {fix}")
+    return f"{mkey}.after must be {want!r} (modules run in series: {fix}), got {after!r}"
+
+
+def _check_modules(value: Any, key: str, params: Mapping[str, Any], partial: bool = False) -> list[str]:
     problems: list[str] = []
     if not isinstance(value, Mapping) or not value:
         return [f"{key} must be a non-empty mapping of modules m1..mK, got {value!r}"]
@@ -380,6 +421,9 @@ def _check_modules(value: Any, key: str, params: Mapping[str, Any]) -> list[str]
             problems.append(f"{mkey} must be a mapping with 'spec' (and optionally 'train'), got {mod!r}")
             continue
         problems += _unknown(mod, MODULE_KEYS, mkey)
+        after = _after_problem(str(name), mod.get("after"), names, mkey)
+        if after and not (partial and "after" not in mod):  # a stage run by hand does not read it
+            problems.append(after)
         spec = mod.get("spec")
         if "spec" not in mod:
             problems.append(f"{mkey}.spec is missing")
@@ -429,6 +473,7 @@ SCHEMA: dict[str, Key | Section | Custom] = {
     "model": Section(MODEL, required=False),
     "modules": Custom(_check_modules),
     "profile": Section(PROFILE, required=False, rules=(_profile_rules,)),
+    "compute": Section(COMPUTE, required=False, rules=(_compute_rules,)),
     "train": Section(TRAIN),  # its cross-key rules run per module on the merged config (_check_modules)
     "search": Section(SEARCH),
     "select": Section(SELECT),
@@ -567,7 +612,7 @@ def params_problems(params: Any, *, partial: bool = False) -> list[str]:
                 continue
             problems += _check_section(value, schema, name)
         else:
-            problems += schema.check(value, name, params)
+            problems += schema.check(value, name, params, partial=partial)
     return list(dict.fromkeys(problems))  # one message per problem, in order
 
 

@@ -4,6 +4,10 @@ Pure logic lives here; every MLflow call goes through :mod:`pipeline.tracking`, 
 
 The dependencies run one way: ``registry -> tracking -> payload`` (tracking's pyfunc model class
 imports the payload module lazily); neither tracking nor payload imports this module.
+
+Serving device: the pyfunc model loads the cascade on the device named by the environment variable
+``CASCADE_DEVICE`` (``pipeline.tracking.DEVICE_ENV``) of the serving process: ``cpu`` by default,
+or ``auto`` | ``cuda`` | ``cuda:N`` (e.g. ``CASCADE_DEVICE=cuda mlflow models serve -m ...``).
 """
 
 from __future__ import annotations
@@ -382,5 +386,6 @@ def register_cascade(model_dir: str | os.PathLike[str], cfg: RegisterConfig, can
 
 def save_cascade_pyfunc(model_dir: str | os.PathLike[str], path: str | os.PathLike[str],
                         example: pd.DataFrame) -> Path:
-    """The registered form of a cascade, saved locally (``mlflow models serve -m PATH`` serves it)."""
+    """The registered form of a cascade, saved locally (``mlflow models serve -m PATH`` serves it; on a
+    GPU with ``CASCADE_DEVICE=cuda`` in the server's environment)."""
     return tracking.save_cascade_model(model_dir, path, example, INPUT_COLUMNS, OUTPUT_COLUMNS)

@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd  # the pyfunc model's predict is typed with it (MLflow reads the hint)
 
 EXECUTION_ENV = "CASCADE_EXECUTION_ID"
+DEVICE_ENV = "CASCADE_DEVICE"  # where the served pyfunc model runs: cpu (default), auto, cuda or cuda:N
 
 
 def default_tracking_uri(root: str | os.PathLike[str]) -> str:
@@ -410,12 +411,19 @@ def _cascade_model_class() -> type:
     from mlflow.exceptions import MlflowException
 
     class CascadeModel(mlflow.pyfunc.PythonModel):
-        """Answers a DataFrame of images (see :mod:`pipeline.payload`) with the cascade's rows."""
+        """Answers a DataFrame of images (see :mod:`pipeline.payload`) with the cascade's rows.
+
+        The cascade loads on the device named by the environment variable ``CASCADE_DEVICE`` of the
+        serving process: ``cpu`` (the default), ``auto`` (cuda if available, else cpu), ``cuda`` or
+        ``cuda:N``; e.g. ``CASCADE_DEVICE=cuda mlflow models serve -m models:/fashion-cascade@champion``.
+        A device the machine lacks fails at load time with a message naming ``CASCADE_DEVICE``."""
 
         def load_context(self, context: Any) -> None:
+            from pipeline.device import resolve_device
             from pipeline.routing.package import load_cascade
 
-            self._loaded = load_cascade(context.artifacts["cascade"])
+            device = resolve_device(os.environ.get(DEVICE_ENV, "cpu").strip() or "cpu", key=DEVICE_ENV)
+            self._loaded = load_cascade(context.artifacts["cascade"], device)
 
         def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
                     ) -> pd.DataFrame:

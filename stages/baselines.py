@@ -28,7 +28,7 @@ from pipeline.baselines import (
     two_cnn_result,
     two_cnn_threshold,
 )
-from pipeline.config import ConfigError, TrackingConfig
+from pipeline.config import ComputeConfig, ConfigError, TrackingConfig
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import CONFIDENCE_KINDS
 from pipeline.tracking import stage_run
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     params = params_of(args)
     cfg = BaselineConfig.from_dict(params.get("baselines"))
     delta, grid, kind = calibration_settings(params)
+    compute = ComputeConfig.from_params(params)
+    device = compute.resolve()  # training runs there; the nets come back (and are saved) on the CPU
     seed = params.get("seed", 0)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"params: seed must be an int >= 0, got {seed!r}")
@@ -93,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
 
             started = time.perf_counter()
             net = train_baseline(width, train.images, train.labels, mean, std, num_classes, cfg,
-                                 seed + SEED_OFFSETS[name], on_epoch=on_epoch)
+                                 seed + SEED_OFFSETS[name], on_epoch=on_epoch, device=device,
+                                 precision=compute.precision)
             seconds = time.perf_counter() - started
             logits, net_conf = plain_outputs(net, calib.images, mean, std, kind)  # (N, K), (N,)
             nets[name], conf[name] = net, net_conf.numpy()

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.config import ConfigError, TrackingConfig, section
+from pipeline.config import ComputeConfig, ConfigError, TrackingConfig, section
+from pipeline.device import autocast, stages_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.routing.assemble import load_stages
@@ -33,7 +34,9 @@ def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]
 
 
 def fit(stages: list[Stage], x: torch.Tensor, y: torch.Tensor, cfg: dict, kind: str) -> dict:
-    outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512)
+    """Thresholds for ``stages`` from images ``x`` (on the stages' device) and labels ``y`` (CPU)."""
+    outs = {key: v.cpu().float() if v.is_floating_point() else v.cpu()  # bf16 logits: float32 for numpy
+            for key, v in run_all_exits(stages, x, confidence_kind=kind, batch_size=512).items()}
     conf, cum = outs["conf"].numpy(), outs["cum_macs"].numpy()
     correct = (outs["pred"] == y[:, None]).numpy()
     if cfg["mode"] == "budget":
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= float(cfg["delta"]) <= 1:
         raise ConfigError(f"params: calibrate.delta must be a fraction in [0, 1], got {cfg['delta']}")
     kind = (params.get("model") or {}).get("confidence", "maxprob")
+    compute = ComputeConfig.from_params(params)
+    device = compute.resolve()  # the weights saved are CPU copies (save_cascade)
     costs = CostModel(read_json(args.profile))
     meta = read_json(args.data / "meta.json")
     calib = load_split(args.data, "calib")
@@ -81,10 +86,12 @@ def main(argv: list[str] | None = None) -> None:
                    params={"calibrate": cfg, "confidence": kind}) as run:
         for routing, out in (("selected", args.out), ("testset", args.out_testset), ("default", args.out_fixed)):
             stages, infos = load_stages(args.models, costs, routing=routing)
+            stages = stages_to(stages, device)
             cmeta = CascadeMeta(classes=tuple(meta["classes"]), image_shape=tuple(meta["image_shape"]),
                                 mean=infos[0].mean, std=infos[0].std, confidence_kind=kind)
-            x, y = preprocess(calib.images, cmeta), torch.from_numpy(calib.labels)
-            res = fit(stages, x, y, cfg, kind)
+            x, y = preprocess(calib.images, cmeta).to(device), torch.from_numpy(calib.labels)
+            with autocast(device, compute.precision):
+                res = fit(stages, x, y, cfg, kind)
             results[routing] = res
             info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
                     "params": {"calibrate": cfg, "modules": params["modules"], "train": params["train"]}}

@@ -36,6 +36,16 @@ def params_of(args: argparse.Namespace) -> dict[str, Any]:
     return load_checked_params(args.params, partial=True)
 
 
+def module_number(text: str) -> int:
+    """``--module``: the module's key in params ``modules`` (``m3``, what dvc.yaml's ``foreach`` passes)
+    or its 1-based number (``3``)."""
+    digits = text[1:] if text[:1] in ("m", "M") else text
+    if not digits.isdigit() or int(digits) < 1:
+        raise argparse.ArgumentTypeError(f"must be a module key m1, m2, ... or its number 1, 2, ..., "
+                                         f"got {text!r}")
+    return int(digits)
+
+
 def cli(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
     """Wrap a stage's main: known errors print ``error: ...`` to stderr and exit with status 1
     (set ``CASCADE_DEBUG=1`` for the traceback)."""

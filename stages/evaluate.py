@@ -14,7 +14,8 @@ import pandas as pd
 import torch
 
 from pipeline.baselines import evaluate_baselines, load_baselines, two_cnn_budget_curve
-from pipeline.config import TrackingConfig
+from pipeline.config import ComputeConfig, TrackingConfig
+from pipeline.device import autocast, to_device
 from pipeline.evaluation import (
     all_exit_figures,
     budget_curve,
@@ -23,6 +24,7 @@ from pipeline.evaluation import (
     comparison_table,
     target_checks,
     time_cascade,
+    to_numpy,
 )
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
@@ -66,6 +68,18 @@ def test_levels(grader_path: Path, scores_csv: Path, images: np.ndarray, labels:
     return np.searchsorted(edges, scores, side="left") + 1
 
 
+def headline(results: dict) -> dict:
+    """The handful of figures `dvc exp show` lists (short keys, narrow columns): the cascade's test
+    accuracy and mean MACs (millions), against the largest static path (MACs share, accuracy gap in
+    points, throughput speed-up at batch 256) and the plain CNN baselines' accuracies."""
+    cascade, vs, b = results["cascade"], results["vs_largest_static"], results["baselines"]
+    return {"acc": round(cascade["accuracy"], 4), "mmacs": round(cascade["mean_macs"] / 1e6, 3),
+            "macs_share": round(vs["macs_share"], 3), "gap_pts": round(vs["accuracy_gap_points"], 2),
+            "speedup": round(vs["throughput_speedup_b256"], 2),
+            "cnn_acc": round(b["plain_large"]["accuracy"], 4),
+            "cnn2_acc": round(b["two_cnn_cascade"]["accuracy"], 4)}
+
+
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("evaluate", __doc__)
@@ -78,21 +92,26 @@ def main(argv: list[str] | None = None) -> None:
                    help="fixed-path cascade (supernets on their default path, no predictors)")
     p.add_argument("--baselines", type=Path, required=True, help="plain CNN baselines (written by the baselines stage)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
+    p.add_argument("--headline", type=Path, default=None,
+                   help="small JSON of the headline figures (dvc.yaml's one DVC metrics file)")
     p.add_argument("--plots", type=Path, required=True, help="plots directory")
     p.add_argument("--batch1-images", type=int, default=300, help="images timed one by one (default 300)")
     args = p.parse_args(argv)
     params = params_of(args)
+    compute = ComputeConfig.from_params(params)
+    device = compute.resolve()
     costs = CostModel(read_json(args.profile))
     test = load_split(args.data, "test")
-    main_model, testset_model = load_cascade(args.model), load_cascade(args.model_testset)
-    fixed_model, plain = load_cascade(args.model_fixed), load_baselines(args.baselines)
+    main_model, testset_model = load_cascade(args.model, device), load_cascade(args.model_testset, device)
+    fixed_model, plain = load_cascade(args.model_fixed, device), load_baselines(args.baselines)
+    to_device((plain.small, plain.large), device)
     meta = main_model.meta
     kind, n_classes = meta.confidence_kind, len(meta.classes)
-    x, y = preprocess(test.images, meta), test.labels
+    x, y = preprocess(test.images, meta).to(device), test.labels
     levels = test_levels(args.graded / "grader.pkl", args.graded / "scores.csv", test.images, y)
     torch.set_grad_enabled(False)
     with stage_run("evaluate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"model": str(args.model)}) as run:
+                   params={"model": str(args.model)}) as run, autocast(device, compute.precision):
         results: dict = {}
         cascade = cascade_summary(run_cascade(main_model.stages, x, confidence_kind=kind, batch_size=256), y,
                                   n_classes, levels)
@@ -122,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
                      "default_static"):
             stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))
             out = run_cascade(stages, x, confidence_kind=kind, batch_size=256)
-            statics[name] = (stages, {"accuracy": float((out.pred.numpy() == y).mean()),
+            statics[name] = (stages, {"accuracy": float((to_numpy(out.pred) == y).mean()),
                                       "mean_macs": float(out.macs.float().mean()),
                                       "paths": [s.candidates[0].key() for s in stages]})
             results[name] = statics[name][1]
@@ -141,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
             / timing["cascade"]["latency_ms_b1_median"]}
         results["targets"] = target_checks(results)
         write_json(args.metrics, results)
+        if args.headline is not None:
+            write_json(args.headline, headline(results))
         with atomic_path(args.plots, is_dir=True) as tmp:
             curves = {"cascade (selected routing)": curve, "cascade, calib-set selection": curve_testset,
                       "fixed cascade (default paths)": curve_fixed, "two plain CNNs": curve_two_cnn}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.config import ModelConfig, ProfileConfig, TrackingConfig
+from pipeline.config import ComputeConfig, ModelConfig, ProfileConfig, TrackingConfig
 from pipeline.io import read_json, write_json
 from pipeline.models.profile import LATENCY_FILE, CostModel, profile_cascade, split_profile
 from pipeline.tracking import stage_run
@@ -34,14 +34,16 @@ def main(argv: list[str] | None = None) -> None:
     latency_out = args.latency or args.root / LATENCY_FILE
     params = params_of(args)
     model, cfg = ModelConfig.from_params(params), ProfileConfig.from_params(params)
+    device = ComputeConfig.from_params(params).resolve()  # latencies on it; MACs never depend on it
     meta = read_json(args.data / "meta.json")
     channels, size = meta["image_shape"][0], meta["image_shape"][1]
     spec = model.cascade_spec(channels, len(meta["classes"]), size)
     with stage_run("profile", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"modules": params["modules"], "profile": params.get("profile", {})}) as run:
+                   params={"modules": params["modules"], "profile": params.get("profile", {}),
+                           "device": str(device)}) as run:
         with tqdm(total=len(spec.modules), desc="profile modules", unit="module") as bar:
             table = profile_cascade(spec, seed=cfg.seed, repeats=cfg.repeats, batch_sizes=cfg.batch_sizes,
-                                    progress=bar)
+                                    progress=bar, device=device)
         write_profile(args.out, latency_out, table)
         costs = CostModel(table)
         for k in range(1, costs.n_modules + 1):

@@ -13,19 +13,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.config import ConfigError, TrackingConfig, section
+from pipeline.config import ComputeConfig, ConfigError, TrackingConfig, section
+from pipeline.device import autocast, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import load_module
 from pipeline.plots import pareto_plot, search_curves
+from pipeline.routing.assemble import load_prefix
 from pipeline.search.candidates import evaluate_candidates, pareto_front
 from pipeline.search.probmodel import ProbModel
 from pipeline.tracking import stage_run
-from stages.common import cli, params_of, parser
-from pipeline.routing.assemble import load_prefix
-from stages.train import train_config
-
+from pipeline.train.loop import module_train_config
+from stages.common import cli, module_number, params_of, parser
 
 TIMING_KEYS = ("latency_ms_b1", "latency_ms_b64")  # measured: the metrics file only, never search.json
 
@@ -46,7 +46,7 @@ def search_result(k: int, sampler: str, rows: list[dict], target: dict, front: l
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("search", __doc__)
-    p.add_argument("--module", type=int, required=True, help="module number k (1-based)")
+    p.add_argument("--module", type=module_number, required=True, help="module key mK or number k (1-based)")
     p.add_argument("--data", type=Path, required=True, help="directory written by ingest")
     p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
     p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
@@ -62,11 +62,14 @@ def main(argv: list[str] | None = None) -> None:
     if samples < 1 or max_pareto < 1:
         raise ConfigError("params: search.samples and search.pareto_max must be at least 1")
     seed = int(params.get("seed", 0))
-    cfg = train_config(params, name, seed)
+    cfg = module_train_config(params, name, seed)
+    compute = ComputeConfig.from_params(params)
+    device = compute.resolve()
     costs = CostModel.load(args.profile, args.latency or args.root / LATENCY_FILE)
     train_dir = args.models / name / "train"
     module, info = load_module(train_dir)
-    prefix = load_prefix(args.models, k, costs, info.mean, info.std)
+    module.to(device)
+    prefix = prefix_to(load_prefix(args.models, k, costs, info.mean, info.std), device)
     route = load_split(args.data, "route")
     rng = np.random.default_rng(np.random.SeedSequence([seed, k, 7]))
     if isinstance(module, SupernetModule):
@@ -78,15 +81,16 @@ def main(argv: list[str] | None = None) -> None:
             archs.append(model.most_likely())
     else:
         model, archs = None, [module.default_arch()]
-    with torch.inference_mode():
-        batches = prefix.batches(route.images, route.labels, 512, torch.device("cpu"))
+    with torch.inference_mode(), autocast(device, compute.precision):
+        batches = prefix.batches(route.images, route.labels, 512, device)
         feats, ys = zip(*((prefix(x), y) for x, y in batches), strict=True)
     features, labels = torch.cat(feats), torch.cat(ys)  # (N, C_k, H_k, W_k), (N,)
     with stage_run(f"search@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"search": dict(s), "module": k, "sampler": cfg.sampler}) as run:
-        rows = evaluate_candidates(module, features, labels, archs, macs_of=lambda a: costs.macs(k, a),
-                                   latency_of=lambda a, b: costs.latency_ms(k, a, b), cost_max=costs.max_macs(k),
-                                   lambda_c=cfg.lambda_c)
+        with autocast(device, compute.precision):
+            rows = evaluate_candidates(module, features, labels, archs, macs_of=lambda a: costs.macs(k, a),
+                                       latency_of=lambda a, b: costs.latency_ms(k, a, b),
+                                       cost_max=costs.max_macs(k), lambda_c=cfg.lambda_c)
         latency = split_timings(rows)
         target = max(rows, key=lambda r: r["perf"])
         front = pareto_front(rows, max_pareto)

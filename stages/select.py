@@ -12,7 +12,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pipeline.config import ConfigError, TrackingConfig, section
+from pipeline.config import ComputeConfig, ConfigError, TrackingConfig, section
+from pipeline.device import autocast, cpu_state_dict, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
@@ -21,7 +22,7 @@ from pipeline.routing.predictor import Predictor, predictor_macs, train_predicto
 from pipeline.routing.rules import predictor_labels, predictor_pays, static_choice
 from pipeline.search.space import Arch
 from pipeline.tracking import stage_run
-from stages.common import StageFailed, cli, params_of, parser
+from stages.common import StageFailed, cli, module_number, params_of, parser
 
 MODES = ("predictor", "testset")
 
@@ -29,26 +30,32 @@ MODES = ("predictor", "testset")
 @torch.inference_mode()
 def candidate_outputs(module, features: torch.Tensor, labels: torch.Tensor, archs: list[Arch],
                       batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per image and candidate: correct (N, R), p(true class) (N, R), CE (N, R)."""
+    """Per image and candidate: correct (N, R), p(true class) (N, R), CE (N, R), on the CPU whatever
+    device ``module`` and ``features`` are on (logits in float32)."""
     correct, p_true, ce = [], [], []
+    labels = labels.cpu()
     for arch in archs:
-        logits = torch.cat([module(features[s:s + batch_size], arch)[1] for s in range(0, len(labels), batch_size)])
+        logits = torch.cat([module(features[s:s + batch_size], arch)[1].float().cpu()
+                            for s in range(0, len(labels), batch_size)])
         correct.append(logits.argmax(1) == labels)
         p_true.append(logits.softmax(1).gather(1, labels[:, None])[:, 0])
         ce.append(F.cross_entropy(logits, labels, reduction="none"))
     return torch.stack(correct, 1), torch.stack(p_true, 1), torch.stack(ce, 1)
 
 
-def split_features(prefix, split, batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-    with torch.inference_mode():
-        pairs = [(prefix(x), y) for x, y in prefix.batches(split.images, split.labels, batch_size, torch.device("cpu"))]
-    return torch.cat([p[0] for p in pairs]), torch.cat([p[1] for p in pairs])
+def split_features(prefix, split, batch_size: int = 512, device: torch.device | None = None,
+                   precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+    """Module k's input (N, C, H, W) float32 on ``device`` (default: the CPU), labels (N,) on the CPU."""
+    device = torch.device("cpu") if device is None else device
+    with torch.inference_mode(), autocast(device, precision):
+        pairs = [(prefix(x), y) for x, y in prefix.batches(split.images, split.labels, batch_size, device)]
+    return torch.cat([p[0] for p in pairs]).float(), torch.cat([p[1] for p in pairs]).cpu()
 
 
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("select", __doc__)
-    p.add_argument("--module", type=int, required=True, help="module number k (1-based)")
+    p.add_argument("--module", type=module_number, required=True, help="module key mK or number k (1-based)")
     p.add_argument("--data", type=Path, required=True, help="directory written by ingest")
     p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
     p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
@@ -64,14 +71,19 @@ def main(argv: list[str] | None = None) -> None:
     fallback_tolerance = float(s.get("fallback_tolerance", 0.0))
     delta = float(s.get("delta", 0.003))
     seed = int(params.get("seed", 0))
+    compute = ComputeConfig.from_params(params)
+    device = compute.resolve()
     costs = CostModel(read_json(args.profile))
     module, info = load_module(args.models / name / "train")
+    module.to(device)
     search = read_json(args.models / name / "search" / "search.json")
     archs = [Arch.from_key(r["arch"]) for r in search["pareto"]]
     macs = [costs.macs(k, a) for a in archs]
-    prefix = load_prefix(args.models, k, costs, info.mean, info.std)
-    calib_h, calib_y = split_features(prefix, load_split(args.data, "calib"))
-    c_correct, _, _ = candidate_outputs(module, calib_h, calib_y, archs)
+    prefix = prefix_to(load_prefix(args.models, k, costs, info.mean, info.std), device)
+    calib_h, calib_y = split_features(prefix, load_split(args.data, "calib"), device=device,
+                                      precision=compute.precision)
+    with autocast(device, compute.precision):
+        c_correct, _, _ = candidate_outputs(module, calib_h, calib_y, archs)
     static = static_choice(c_correct.double().mean(0).tolist(), macs, delta)
     selection = {"module": k, "mode": mode, "candidates": [a.key() for a in archs], "candidate_macs": macs,
                  "static": archs[static].key(), "static_calib_acc": float(c_correct[:, static].float().mean()),
@@ -84,16 +96,18 @@ def main(argv: list[str] | None = None) -> None:
         if mode == "testset" or len(archs) == 1:
             selection["mode"] = "testset" if len(archs) > 1 else "single"
         else:
-            route_h, route_y = split_features(prefix, load_split(args.data, "route"))
-            r_correct, r_p_true, _ = candidate_outputs(module, route_h, route_y, archs)
+            route_h, route_y = split_features(prefix, load_split(args.data, "route"), device=device,
+                                              precision=compute.precision)
+            with autocast(device, compute.precision):
+                r_correct, r_p_true, _ = candidate_outputs(module, route_h, route_y, archs)
             labels = predictor_labels(r_correct, r_p_true, macs)
             n_fit = int(0.8 * len(labels))  # hold out a fifth of route to report the predictor honestly
             predictor = Predictor(route_h.shape[1], len(archs), hidden=hidden,
-                                  seed=seed + k)
+                                  seed=seed + k).to(device)  # initialised on the CPU, then moved
             history = train_predictor(predictor, route_h[:n_fit], labels[:n_fit], epochs=epochs, lr=0.01,
                                       batch_size=128, seed=seed + k, balanced=bool(s.get("balanced", False)))
             with torch.inference_mode():
-                held_choice = predictor.choose(route_h[n_fit:])
+                held_choice = predictor.choose(route_h[n_fit:]).cpu()
             held_acc = float((held_choice == labels[n_fit:]).float().mean())
             rows = torch.arange(len(held_choice))
             routed_right = float(r_correct[n_fit:][rows, held_choice].float().mean())
@@ -101,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             if p_macs > max_share * min(macs):
                 raise StageFailed(f"select@{name}: predictor costs {p_macs:,} MACs, over {max_share:.0%} of the "
                                   f"cheapest candidate ({min(macs):,}); lower select.hidden")
-            torch.save(predictor.state_dict(), tmp / "predictor.pt")
+            torch.save(cpu_state_dict(predictor), tmp / "predictor.pt")
             share = np.bincount(labels.numpy(), minlength=len(archs)) / len(labels)
             selection["predictor"] = {"in_channels": int(route_h.shape[1]), "num_candidates": len(archs),
                                       "hidden": hidden, "pool": 1, "macs": p_macs}

@@ -9,13 +9,15 @@ outside the stage's DVC output (which ``dvc repro`` deletes before running the s
 everything the stage's result depends on (module index, resolved train config, module spec, seed,
 the input files, the training code). A killed run re-run with the same inputs resumes after the last
 complete epoch and ends bitwise-identical to an uninterrupted run; the folder is deleted when the
-stage succeeds. Stale ``models/mK/.train.*`` temporary folders of killed runs are removed at start."""
+stage succeeds. Stale ``models/modules/mK/.train.*`` temporary folders of killed runs are removed at start."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,15 +26,24 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.config import ConfigError, ModelConfig, TrackingConfig, deep_merge, section
+from pipeline.config import ComputeConfig, ConfigError, ModelConfig, TrackingConfig
+from pipeline.device import prefix_to
 from pipeline.io import atomic_path, curriculum_index, load_split, read_json, write_json
 from pipeline.models.modules import build_module
 from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import ModuleInfo, save_module
 from pipeline.routing.assemble import load_prefix
 from pipeline.tracking import stage_run
-from pipeline.train.loop import TrainConfig, TrainResult, evaluate_path, history_frame_records, train_module
-from stages.common import cli, params_of, parser
+from pipeline.train import distributed
+from pipeline.train.loop import (
+    TrainConfig,
+    TrainResult,
+    evaluate_path,
+    history_frame_records,
+    module_train_config,
+    train_module,
+)
+from stages.common import StageFailed, cli, module_number, params_of, parser
 
 CODE = ("stages/train.py", "pipeline/train", "pipeline/models", "pipeline/search")  # what training runs
 
@@ -81,19 +92,10 @@ def write_train_outputs(out: Path, module: torch.nn.Module, info: ModuleInfo, re
         write_json(out / "prob_model.json", result.prob_model.as_dict())
 
 
-def train_config(params: dict, name: str, seed: int) -> TrainConfig:
-    merged = deep_merge(section(params, "train"), params["modules"][name].get("train") or {})
-    merged.setdefault("seed", seed)
-    try:
-        return TrainConfig.from_dict(merged)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"params: train / modules.{name}.train: {exc}") from None
-
-
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("train", __doc__)
-    p.add_argument("--module", type=int, required=True, help="module number k (1-based)")
+    p.add_argument("--module", type=module_number, required=True, help="module key mK or number k (1-based)")
     p.add_argument("--data", type=Path, required=True, help="directory written by ingest")
     p.add_argument("--graded", type=Path, required=True, help="directory written by grade (id lists)")
     p.add_argument("--profile", type=Path, required=True, help="cost model JSON written by profile")
@@ -108,7 +110,16 @@ def main(argv: list[str] | None = None) -> None:
     if not 1 <= k <= len(model_cfg.specs):
         raise ConfigError(f"--module {k}: the cascade has modules 1..{len(model_cfg.specs)}")
     seed = int(params.get("seed", 0))
-    cfg = train_config(params, name, seed)
+    cfg = module_train_config(params, name, seed)
+    if cfg.processes > 1 and not distributed.launched_by_torchrun():  # data-parallel: rerun as N ranks
+        command = distributed.torchrun_command(cfg.processes, "stages.train", sys.argv[1:] if argv is None else argv)
+        print(f"train@{name}: {cfg.processes} processes: {' '.join(command)}", flush=True)
+        if subprocess.run(command, check=False).returncode != 0:
+            raise StageFailed(f"train@{name}: the {cfg.processes}-process torchrun run failed (see above)")
+        return
+    compute = ComputeConfig.from_params(params)
+    device = distributed.local_device(compute.resolve())
+    world = distributed.init_from_env(device)
     costs = CostModel.load(args.profile, args.latency or args.root / LATENCY_FILE)
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
@@ -126,19 +137,28 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(seed + k)  # initial weights of module k (global state is fine in a stage process)
     module = build_module(info.spec, info.in_channels, info.num_classes)
     out_dir = args.models / name / "train"
-    for path in clean_stale_temporaries(args.models / name):
+    for path in clean_stale_temporaries(args.models / name) if world.main else ():
         print(f"train@{name}: removed {path} (left by a killed run)", flush=True)
     inputs = [args.data / "train.npz", args.data / "meta.json", args.graded / f"module_{k}.txt", args.profile,
               *(args.models / f"m{j}" / part for j in range(1, k) for part in ("train", "select"))]
     root = Path(args.root)
     key = checkpoint_key(k, cfg, info.to_json()["spec"], seed, inputs, (root / c for c in CODE))
     cache = root / ".cache" / "train" / f"{name}-{key}"
-    for stale in sorted(cache.parent.glob(f"{name}-*")) if cache.parent.is_dir() else []:
+    for stale in sorted(cache.parent.glob(f"{name}-*")) if cache.parent.is_dir() and world.main else []:
         if stale != cache:  # checkpoints of other inputs (changed since the kill): never resumable
             shutil.rmtree(stale, ignore_errors=True)
             print(f"train@{name}: removed stale checkpoints {stale}", flush=True)
-    if any(cache.glob("epoch_*.pt")):
+    if any(cache.glob("epoch_*.pt")) and world.main:
         print(f"train@{name}: resuming from the checkpoint in {cache}", flush=True)
+    distributed.barrier()  # rank 0 has cleaned up before any rank reads a checkpoint
+    module.to(device)
+    prefix_to(prefix, device)
+    train_args = dict(cost_of=lambda a: costs.macs(k, a), cost_max=costs.max_macs(k), exit_saving=costs.exit_saving(k),
+                      checkpoint_dir=cache, precision=compute.precision)
+    if not world.main:  # the other ranks train in lockstep with rank 0, which alone writes and logs
+        train_module(module, prefix, subset.images, subset.labels, cfg, progress=False, **train_args)
+        distributed.finish()
+        return
     with stage_run(f"train@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"train": cfg.__dict__, "spec": info.to_json()["spec"], "module": k,
                            "train_images": len(subset), "checkpoint_key": key}) as run, \
@@ -153,10 +173,11 @@ def main(argv: list[str] | None = None) -> None:
                   f" {record['images_per_s']:.0f} img/s", flush=True)
 
         started = time.perf_counter()
-        result = train_module(module, prefix, subset.images, subset.labels, cfg,
-                              cost_of=lambda a: costs.macs(k, a), cost_max=costs.max_macs(k),
-                              exit_saving=costs.exit_saving(k), on_epoch=on_epoch, checkpoint_dir=cache)
+        result = train_module(module, prefix, subset.images, subset.labels, cfg, on_epoch=on_epoch, **train_args)
         seconds = time.perf_counter() - started
+        distributed.finish()
+        module.cpu()  # outputs and the calib evaluation as on a CPU-only machine
+        prefix_to(prefix, torch.device("cpu"))
         write_train_outputs(tmp, module, info, result)
         if result.iterations:
             for it in result.iterations[:: max(1, len(result.iterations) // 400)]:
@@ -174,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             "calib_path": arch.key(), "path_macs": costs.macs(k, arch),
             "path_latency_ms_b1": costs.latency_ms(k, arch, 1), "path_latency_ms_b64": costs.latency_ms(k, arch, 64),
             "final_train_acc": result.history[-1]["train_acc"], "sampler": cfg.sampler,
+            "processes": world.size, "device": str(device),
         }
         write_json(args.metrics, metrics)
         run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})

@@ -25,32 +25,38 @@ from pipeline.search.space import Arch
 
 
 def profile_cascade(spec: CascadeSpec, *, seed: int, repeats: int, batch_sizes: tuple[int, ...] = (1, 64),
-                    progress=None) -> dict[str, Any]:
-    """Cost tables of every module of ``spec`` (weights do not matter: costs depend on shapes only)."""
+                    progress=None, device: torch.device | None = None) -> dict[str, Any]:
+    """Cost tables of every module of ``spec`` (weights do not matter: costs depend on shapes only).
+    MACs are counted on the CPU; latencies are measured on ``device`` (default: the CPU), which the
+    measured part of the table records (``device``)."""
+    device = torch.device("cpu") if device is None else torch.device(device)
     modules = build_modules(spec, seed)
     shapes = feature_shapes(spec)
     out = []
     with torch.no_grad():
         for k, (module, shape) in enumerate(zip(modules, shapes, strict=False), start=1):
-            latency = measure_latency_table(module, shape, batch_sizes=batch_sizes, repeats=repeats, seed=seed)
+            macs, op_macs = fixed_macs(module, shape), op_mac_table(module, shape)
+            latency = measure_latency_table(module.to(device), shape, batch_sizes=batch_sizes, repeats=repeats,
+                                            seed=seed)
             out.append({
                 "module": k,
                 "kind": spec.modules[k - 1].kind,
                 "input_shape": list(shape),
                 "output_shape": list(shapes[k]),
-                "fixed_macs": fixed_macs(module, shape),
-                "op_macs": op_mac_table(module, shape),
+                "fixed_macs": macs,
+                "op_macs": op_macs,
                 "latency_ms": {str(b): t for b, t in latency.items()},
                 "default_arch": module.default_arch().key(),
             })
             if progress is not None:
                 progress.update(1)
-    return {"batch_sizes": list(batch_sizes), "threads": torch.get_num_threads(), "modules": out}
+    return {"batch_sizes": list(batch_sizes), "threads": torch.get_num_threads(), "device": str(device),
+            "modules": out}
 
 
 LATENCY_FILE = Path("metrics") / "profile_latency.json"  # default, relative to the repository root
 MEASURED_KEYS = ("latency_ms",)  # per module: wall-clock measurements
-MEASURED_TOP = ("threads",)  # of the whole table: the conditions of the measurement
+MEASURED_TOP = ("threads", "device")  # of the whole table: the conditions of the measurement
 
 
 def split_profile(table: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Assembling trained modules, their selections and predictors (the ``models/mK`` directories) into
+"""Assembling trained modules, their selections and predictors (the ``models/modules/mK`` directories) into
 engine stages: for the frozen prefix of the next module, for calibration and for evaluation."""
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pipeline.device import fits_on_device
+
 
 def epoch_seed(seed: int, epoch: int) -> int:
     """A 63-bit seed per (seed, epoch): neighbouring epochs get unrelated streams."""
@@ -94,6 +96,10 @@ class ImageBatches:
         self.drop_last = drop_last
         self.seed = seed
         self.device = torch.device(device)
+        if self.device.type == "cuda" and fits_on_device(self.images.numel(), self.device):
+            # uint8 images stay on the GPU (a quarter of float32): a batch is then a gather there,
+            # with no host-to-device copy per step; the random draws stay on the CPU generator.
+            self.images, self.labels = self.images.to(self.device), self.labels.to(self.device)
         channels = images.shape[1]
         self.mean = _channel_stats(mean, channels, "mean").to(self.device)  # (1, C, 1, 1)
         self.std = _channel_stats(std, channels, "std").to(self.device)  # (1, C, 1, 1)
@@ -117,7 +123,7 @@ class ImageBatches:
         n = len(self.labels)
         order = torch.randperm(n, generator=generator) if self.shuffle else torch.arange(n)
         for i in range(len(self)):
-            index = order[i * self.batch_size:(i + 1) * self.batch_size]  # (B,)
+            index = order[i * self.batch_size:(i + 1) * self.batch_size].to(self.images.device)  # (B,)
             x = self.images[index]  # (B, C, H, W) uint8: augment before the 4x larger float copy
             x = random_crop(x, self.crop_padding, generator)
             if self.flip:

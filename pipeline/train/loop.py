@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from pipeline.config import ConfigError, deep_merge, section
+from pipeline.device import autocast
 from pipeline.io import atomic_path
 from pipeline.models.modules import NO_ARCH, SupernetModule, confidence, eval_mode
 from pipeline.search.probmodel import (
@@ -41,6 +43,7 @@ from pipeline.search.probmodel import (
     supernet_step_loss,
 )
 from pipeline.search.space import Arch, SearchSpace
+from pipeline.train import distributed
 from pipeline.train.data import ImageBatches
 from pipeline.train.losses import cost_aware_loss
 
@@ -92,6 +95,7 @@ class TrainConfig:
     distill: float = 0.0  # supernets with sandwich: weight of in-place distillation from the largest path
     utility: str = "rank"  # MLE weights from perf: rank (scale-free) | elite | softmax (raw perf / T, the original)
     paired_perf: bool = True  # with sandwich: perf of a path is its CE minus the largest path's CE on the same images
+    processes: int = 1  # data-parallel ranks (the stage relaunches itself under torchrun when > 1)
 
     def __post_init__(self) -> None:
         for problem in _config_problems(self):
@@ -104,6 +108,17 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"TrainConfig: unknown keys {unknown}")
         return cls(**d)
+
+
+def module_train_config(params: Mapping[str, Any], name: str, seed: int) -> TrainConfig:
+    """Module ``name``'s config: the params' ``train`` section with ``modules.<name>.train`` laid over
+    it, ``seed`` unless set; a bad value raises ConfigError naming both sections."""
+    merged = deep_merge(section(params, "train"), params["modules"][name].get("train") or {})
+    merged.setdefault("seed", seed)
+    try:
+        return TrainConfig.from_dict(merged)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"params: train / modules.{name}.train: {exc}") from None
 
 
 def _config_problems(c: TrainConfig) -> Iterator[str]:
@@ -138,6 +153,7 @@ def _config_problems(c: TrainConfig) -> Iterator[str]:
          "a number >= 0, and 0 unless sandwich is on (the largest path is the teacher)"),
         ("utility", c.utility in UTILITIES, f"one of {UTILITIES}"),
         ("paired_perf", isinstance(c.paired_perf, bool), "a bool"),
+        ("processes", _is_int(c.processes) and c.processes >= 1, "an int >= 1"),
     ]
     for name, ok, wanted in checks:
         if not ok:
@@ -316,7 +332,8 @@ def _supernet_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor, archs: S
         # the chunks' difficulty from the comparison of the m paths (a control variate; detached)
         ce = ce - torch.stack([F.cross_entropy(tj, yj) for tj, yj in zip(teachers, y.tensor_split(n),
                                                                           strict=True)]).double().detach()
-    perf = -ce - p.lambda_c * cost  # (m,) differentiable
+    perf = distributed.straight_through_mean(-ce - p.lambda_c * cost)  # (m,) differentiable; the ranks'
+    # mean value (one process: itself), so that P(i) is the same on every rank
     best, mean = torch.stack([perf.detach().max(), perf.detach().mean()]).tolist()
     info: dict[str, Any] = {"best_perf": best, "mean_perf": mean}
     if prev is None:
@@ -345,6 +362,20 @@ def _forward_step(module: nn.Module, h: torch.Tensor, y: torch.Tensor, model: Pr
 
 
 # ----------------------------------------------------------------------------------------- training
+
+
+class _StepNet(nn.Module):
+    """One training step's forward as a module (what DistributedDataParallel wraps: one forward
+    call per backward, however many paths the step runs)."""
+
+    def __init__(self, module: nn.Module, cfg: TrainConfig, params: _LossParams, rng: np.random.Generator):
+        super().__init__()
+        self.module = module
+        self.cfg, self.params, self.rng = cfg, params, rng
+
+    def forward(self, h: torch.Tensor, y: torch.Tensor, model: ProbModel | None) -> _StepOut:
+        return _forward_step(self.module, h, y, model, self.cfg, self.params, self.rng)
+
 
 
 @dataclass
@@ -381,9 +412,15 @@ class _StepStats:
         n = len(out.chunks)
         parts = [out.loss.detach().reshape(1), *(c.ce.detach().reshape(1) for c in out.chunks),
                  *(c.correct.reshape(1) for c in out.chunks)]
-        values = torch.cat([t.to(torch.float64) for t in parts]).tolist()  # one device sync
-        bce = tuple(c.bce for c in out.chunks)
-        return cls(values[0], tuple(values[1:1 + n]), int(sum(values[1 + n:])), bce, out.info)
+        values = torch.cat([t.to(torch.float64) for t in parts])  # (1 + 2n,)
+        bce = torch.tensor([c.bce for c in out.chunks], dtype=torch.float64, device=values.device)  # (n,)
+        w = distributed.world()
+        if w.distributed:  # the global batch's figures: ranks hold equally many rows of every chunk
+            total = distributed.all_sum(torch.cat([values, bce]))
+            values, bce = total[:1 + 2 * n], total[1 + 2 * n:] / w.size
+            values[:1 + n] /= w.size
+        v, b = values.tolist(), bce.tolist()  # one device sync each
+        return cls(v[0], tuple(v[1:1 + n]), int(round(sum(v[1 + n:]))), tuple(b), out.info)
 
 
 def _epoch_summary(steps: list[_StepStats], seen: int, seconds: float, lr: float) -> dict[str, Any]:
@@ -416,6 +453,7 @@ def train_module(
     on_epoch: EpochCallback | None = None,
     progress: bool = True,
     checkpoint_dir: str | os.PathLike[str] | None = None,
+    precision: str = "fp32",
 ) -> TrainResult:
     """Train ``module`` in place on images (N, C, H, W) uint8 seen through the frozen ``prefix``.
 
@@ -427,6 +465,11 @@ def train_module(
     the same config there resumes after its epoch: the result is bitwise-identical to an
     uninterrupted run (see :func:`save_training_state`). The caller owns the directory (keys it by
     the inputs, deletes it after success).
+
+    Inside a torch.distributed process group (``torchrun``), each rank trains on its share of every
+    global batch under DistributedDataParallel (:mod:`pipeline.train.distributed`); only rank 0 saves
+    checkpoints and shows progress, and every rank returns the same weights and P(N).
+    ``precision="bf16"`` runs the forward passes under CUDA bf16 autocast (fp32: unchanged).
     """
     if module in prefix:
         raise ValueError("the module being trained is part of its own frozen prefix")
@@ -436,6 +479,9 @@ def train_module(
         raise ValueError("the module has no trainable parameters (a Prefix freezes the modules it holds)")
     supernet = isinstance(module, SupernetModule)
     device = _device(module)
+    autocast(device, precision)  # a bad precision fails before any training
+    w = distributed.world()
+    rows = distributed.rank_rows(cfg.batch_size, min(cfg.m, cfg.batch_size) if supernet else 1, w).to(device)
     data = prefix.batches(images, labels, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
                           flip=cfg.flip, drop_last=True, seed=cfg.seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # arch picks: own stream
@@ -444,6 +490,7 @@ def train_module(
                          extremes=extremes)
     model = ProbModel.uniform(module.space) if supernet and cfg.sampler == "probmodel" else None
     optimizer = _optimizer(module, cfg)
+    step_net = distributed.wrap(_StepNet(module, cfg, params, rng), device, find_unused=supernet)
     history: list[dict[str, Any]] = []
     iterations: list[dict[str, Any]] = []
     first = 1
@@ -458,14 +505,17 @@ def train_module(
     for epoch in range(first, cfg.epochs + 1):
         start, steps = time.perf_counter(), []
         bar = tqdm(data.epoch(epoch), total=len(data), desc=f"epoch {epoch}/{cfg.epochs}",
-                   disable=not progress, leave=False)
+                   disable=not progress or not w.main, leave=False)
         epoch_lr = learning_rate(cfg, (epoch - 1) * len(data), len(data))
         for i, (x, y) in enumerate(bar):
             lr = learning_rate(cfg, (epoch - 1) * len(data) + i, len(data))
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            h = prefix(x)  # (B, C_k, H_k, W_k)
-            out = _forward_step(module, h, y, model, cfg, params, rng)
+            if w.distributed:
+                x, y = x[rows], y[rows]  # (B / ranks, C, H, W): this rank's share of every chunk
+            with autocast(device, precision):
+                h = prefix(x)  # (B, C_k, H_k, W_k)
+                out = step_net(h, y, model)
             optimizer.zero_grad(set_to_none=True)  # unpicked ops keep grad None: no decay, no momentum
             out.loss.backward()
             optimizer.step()
@@ -480,9 +530,11 @@ def train_module(
         if supernet:
             record.update(_model_summary(model or ProbModel.uniform(module.space), steps))
         history.append(record)
-        if checkpoint_dir is not None:
+        distributed.sync_buffers(module)  # the epoch ends with rank 0's BatchNorm statistics everywhere
+        if checkpoint_dir is not None and w.main:
             save_training_state(checkpoint_dir, epoch, module, optimizer, cfg, rng, model, history,
                                 iterations)
+        distributed.barrier()  # no rank runs ahead of rank 0's checkpoint
         if on_epoch is not None:
             on_epoch(epoch, record, module, model)
     module.eval()

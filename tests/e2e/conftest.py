@@ -55,9 +55,27 @@ def make_tiny_repo(dest: Path) -> Path:
     return dest
 
 
+def add_fourth_module(repo: Path) -> None:
+    """A 4-module cascade by a params change alone (issue: "a 4-module cascade runs end to end by
+    changing params.yaml only"): one more module stacked on m3 and one more curriculum level."""
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["grade"]["levels"] = 4  # module k trains on curriculum level k
+    params["modules"]["m4"] = {"after": "models/modules/m3",
+                               "spec": {"kind": "fixed", "channels": 16, "stride": 1, "layers": 1}}
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+MODULES = ("m1", "m2", "m3", "m4")  # the shared tiny repo's cascade: the tiny profile's three + m4
+
+
 @pytest.fixture(scope="session")
 def tiny_repo(tmp_path_factory) -> Path:
+    """The tiny profile with a fourth module added in params only (one shared `dvc repro` serves the
+    stage tests and the 4-module test), run once per session."""
     repo = make_tiny_repo(tmp_path_factory.mktemp("tiny") / "repo")
+    add_fourth_module(repo)
+    run(["python", "-m", "pipeline.check_params"], repo)
+    run(["git", "commit", "-qam", "a fourth module, in params only"], repo)
     run(["dvc", "repro"], repo)
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "repro"], repo)

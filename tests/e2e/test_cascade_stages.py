@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tests.e2e.conftest import changed_stages, run
+from tests.e2e.conftest import MODULES, ROOT, changed_stages, run
 from tests.e2e.test_data_stages import dag_edges
 
 pytestmark = pytest.mark.e2e
@@ -16,26 +16,28 @@ pytestmark = pytest.mark.e2e
 
 def test_module_chain_in_the_dag(tiny_repo):
     edges = dag_edges(tiny_repo)
-    for k in (1, 2, 3):
-        assert (f"train@m{k}", f"search@m{k}") in edges
-        assert (f"search@m{k}", f"select@m{k}") in edges
-    assert ("select@m1", "train@m2") in edges and ("select@m2", "train@m3") in edges
+    for key in MODULES:
+        assert (f"train@{key}", f"search@{key}") in edges
+        assert (f"search@{key}", f"select@{key}") in edges
+        assert (f"select@{key}", "calibrate") in edges
+    for prev, key in zip(MODULES, MODULES[1:]):
+        assert (f"select@{prev}", f"train@{key}") in edges
     assert ("grade", "train@m1") in edges and ("profile", "train@m1") in edges
     assert ("calibrate", "evaluate") in edges
 
 
 def test_outputs_and_metrics(tiny_repo):
-    for k in (1, 2, 3):
+    for k in range(1, len(MODULES) + 1):
         train = json.loads((tiny_repo / f"metrics/train_m{k}.json").read_text())
         assert 0.0 <= train["calib_exit_acc"] <= 1.0 and train["path_macs"] > 0
         # checkpoints live in .cache/train while a stage runs (resume after a kill), gone on success
-        assert not (tiny_repo / f"models/m{k}/train/checkpoints").exists()
+        assert not (tiny_repo / "models/modules" / f"m{k}/train/checkpoints").exists()
         assert not list((tiny_repo / ".cache/train").glob(f"m{k}-*"))
-        assert (tiny_repo / f"models/m{k}/select/selection.json").exists()
-    search = json.loads((tiny_repo / "models/m2/search/search.json").read_text())
+        assert (tiny_repo / f"models/modules/m{k}/select/selection.json").exists()
+    search = json.loads((tiny_repo / "models/modules/m2/search/search.json").read_text())
     assert 1 <= len(search["pareto"]) <= 3 and search["target"] in search["candidates"]
-    assert (tiny_repo / "plots/search_m2/acc_vs_macs.png").exists()
-    assert (tiny_repo / "plots/search_m2/entropy_mi.png").exists()
+    assert (tiny_repo / "plots/search/m2/acc_vs_macs.png").exists()
+    assert (tiny_repo / "plots/search/m2/entropy_mi.png").exists()
     evaluate = json.loads((tiny_repo / "metrics/evaluate.json").read_text())
     for key in ("cascade", "cascade_testset", "largest_static", "smallest_static", "oracle", "each_exit", "timing"):
         assert key in evaluate
@@ -46,14 +48,31 @@ def test_outputs_and_metrics(tiny_repo):
         assert (tiny_repo / "plots/evaluate" / name).exists()
 
 
+def test_four_module_cascade_by_params_only(tiny_repo):
+    """The shared repo is the tiny profile plus an m4 in params (conftest.add_fourth_module): every
+    stage ran for it with dvc.yaml untouched, and the cascade has four exits."""
+    assert (tiny_repo / "dvc.yaml").read_text() == (ROOT / "dvc.yaml").read_text()
+    for k in range(1, 5):
+        assert (tiny_repo / f"models/modules/m{k}/select/selection.json").exists()
+        assert json.loads((tiny_repo / f"metrics/train_m{k}.json").read_text())["module"] == k
+    calibrate = json.loads((tiny_repo / "metrics/calibrate.json").read_text())
+    assert len(calibrate["selected"]["exit_accuracy"]) == 4
+    evaluate = json.loads((tiny_repo / "metrics/evaluate.json").read_text())
+    assert len(evaluate["cascade"]["exit_share"]) == 4
+    headline = json.loads((tiny_repo / "metrics/headline.json").read_text())
+    assert 0.0 <= headline["acc"] <= 1.0 and headline["mmacs"] > 0
+
+
 def test_changing_the_last_module_reruns_only_it_and_what_follows(tiny_repo):
     params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
-    params["modules"]["m3"]["train"] = {"epochs": 1}
+    params["modules"]["m4"]["train"] = {"epochs": 1}
     (tiny_repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     changed = changed_stages(run(["dvc", "status"], tiny_repo).stdout)
-    assert "train@m3" in changed
-    assert not changed & {"ingest", "validate", "grade", "profile", "train@m1", "train@m2", "search@m2",
-                          "select@m2"}, changed
+    assert "train@m4" in changed
+    # profile lists the whole `modules` section (every module's spec, however many): it re-measures,
+    # but its models/profile.json is unchanged, so train@m1..m3 do not re-run in a repro
+    assert not changed & {"ingest", "validate", "grade", "train@m1", "train@m2", "train@m3", "search@m3",
+                          "select@m3"}, changed
     run(["git", "checkout", "params.yaml"], tiny_repo)
 
 

@@ -1,0 +1,111 @@
+"""Where torch runs: resolving ``compute.device`` to a ``torch.device``, the ``compute.precision``
+autocast context, moving frozen prefixes and engine stages, and whether a dataset fits on the device.
+
+On the CPU with fp32 nothing here changes a result: the same ops run on the same tensors, so outputs
+are bitwise identical to code that never heard of devices. Saved weights and JSON stay
+device-independent: callers save CPU copies (:func:`cpu_state_dict`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeline.config import DEVICE_PATTERN, PRECISIONS, ConfigError
+
+
+class DeviceError(ConfigError, RuntimeError):
+    """A requested device this machine does not have (a ConfigError, so stages report it in one line;
+    a RuntimeError, because it depends on the machine, not only on the file)."""
+
+
+def resolve_device(name: str, key: str = "compute.device") -> torch.device:
+    """``auto`` -> cuda if available else cpu; ``cpu``; ``cuda``; ``cuda:N``. ``key`` names the setting
+    in errors (``compute.device`` or a CLI flag such as ``--device``)."""
+    if not isinstance(name, str) or re.fullmatch(DEVICE_PATTERN, name.strip()) is None:
+        raise ConfigError(f"{key} must be auto, cpu, cuda or cuda:N (N an int >= 0), got {name!r}")
+    name = name.strip()
+    if name == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if name == "auto":
+        return torch.device("cuda") if available else torch.device("cpu")
+    if not available:
+        raise DeviceError(f"{key} is {name!r} but CUDA is not available on this machine "
+                          f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use auto or cpu")
+    if name == "cuda":
+        return torch.device("cuda")
+    index, count = int(name.split(":", 1)[1]), torch.cuda.device_count()
+    if index >= count:
+        raise DeviceError(f"{key} is {name!r} but this machine has {count} CUDA device(s) "
+                          f"(cuda:0..cuda:{count - 1})")
+    return torch.device("cuda", index)
+
+
+def check_precision(precision: str, device: torch.device, key: str = "compute.precision") -> None:
+    if precision not in PRECISIONS:
+        raise ConfigError(f"{key} must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16" and device.type != "cuda":
+        raise ConfigError(f"{key} bf16 needs a CUDA device, got {device}; use fp32")
+
+
+def autocast(device: torch.device, precision: str = "fp32") -> AbstractContextManager[Any]:
+    """bf16 autocast on CUDA for ``bf16``; a no-op context for ``fp32`` (results as without it)."""
+    check_precision(precision, device)
+    if precision == "bf16":
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def fits_on_device(nbytes: int, device: torch.device, share: float = 0.5) -> bool:
+    """Whether ``nbytes`` (e.g. a uint8 dataset) fit in ``share`` of the device's free memory. Always
+    True on the CPU (the data is there already)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    if device.type != "cuda":
+        return True
+    free, _total = torch.cuda.mem_get_info(device)
+    return int(nbytes) <= share * free
+
+
+def device_name(device: torch.device) -> str:
+    """A readable name of the device: the GPU model on CUDA, ``cpu`` otherwise."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def to_device(modules: Iterable[nn.Module | None], device: torch.device) -> None:
+    """Move modules in place (``nn.Module.to``); None entries are skipped. A no-op on the CPU for
+    modules already there (the same parameter tensors stay)."""
+    for module in modules:
+        if module is not None:
+            module.to(device)
+
+
+def prefix_to(prefix: Any, device: torch.device) -> Any:
+    """Move the frozen modules of a ``pipeline.train.loop.Prefix`` in place; returns the prefix."""
+    to_device((m for m, _ in prefix.stages), device)
+    return prefix
+
+
+def stages_to(stages: Iterable[Any], device: torch.device) -> list[Any]:
+    """Move each engine ``Stage``'s module and predictor in place; returns the stages as a list."""
+    stages = list(stages)
+    for stage in stages:
+        to_device((stage.module, stage.predictor), device)
+    return stages
+
+
+def cpu_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """``module.state_dict()`` with every tensor on the CPU (what gets saved, whatever the device). For a
+    module on the CPU it is ``state_dict()`` itself, so saved files stay byte-identical."""
+    state = module.state_dict()
+    for key, value in list(state.items()):
+        if value.device.type != "cpu":
+            state[key] = value.cpu()
+    return state
