@@ -448,7 +448,7 @@ def subprocess_env(tracking_uri: str) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def server(cmd: list[str], env: dict[str, str], url: str, log: Path, timeout: float = 90.0) -> Iterator[None]:
+def server(cmd: list[str], env: dict[str, str], url: str, log: Path, timeout: float = 90.0) -> Iterator[int]:
     """Start ``cmd`` in its own process group, wait until ``url`` answers, and stop the group after."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -467,7 +467,7 @@ def server(cmd: list[str], env: dict[str, str], url: str, log: Path, timeout: fl
                 raise AssertionError(f"{url} did not answer within {timeout:.0f} s:\n"
                                      f"{log.read_text()[-3000:]}")
             time.sleep(0.5)
-        yield
+        yield proc.pid  # = the process group's id
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -558,7 +558,8 @@ def serving(tracking_server: dict) -> Iterator[str]:
            "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     url = f"http://127.0.0.1:{port}"
     with server(cmd, subprocess_env(str(tracking_server["uri"])), f"{url}/ping",
-                Path(tracking_server["tmp"]) / "serve.log"):
+                Path(tracking_server["tmp"]) / "serve.log") as pgid:
+        SERVER_GROUP[url] = pgid
         yield url
 
 
@@ -574,6 +575,27 @@ def test_serving_answers_like_the_engine(serving: str, model_dir: Path, images: 
         assert {k: row[k] for k in ("class_index", "class_name", "exit", "subnets", "macs")} == \
             {k: want[k] for k in ("class_index", "class_name", "exit", "subnets", "macs")}
         assert row["confidence"] == pytest.approx(want["confidence"], abs=1e-6)  # the server's own threads
+
+
+SERVER_GROUP: dict[str, int] = {}  # serving URL -> the server's process group (its RSS)
+
+
+def test_serving_under_a_bounded_mixed_load(serving: str, images: dict[str, Path]) -> None:
+    """8 clients, 500 requests, 10% bad (malformed base64, corrupt PNG, a 20000 x 20000 header, a row
+    without an image, an empty frame): no good request fails, every bad one is a 4xx naming its row,
+    no 5xx, and the server stays under 2 GB resident (bench/serving.py's mixed phase)."""
+    from bench.serving import bad_bodies, mixed
+
+    good = [png_b64(images[n]) for n in ("grey_png", "rgb_png", "grey_jpg")]
+    bodies = [json.dumps({"dataframe_split": {"columns": ["image"], "data": [[g] for g in good]}}).encode()]
+    port = int(serving.rsplit(":", 1)[1])
+    result = mixed(port, SERVER_GROUP[serving], bodies, 3, bad_bodies(good[0]), 500, 0.1, 8)
+    assert result["requests"] == 500 and result["bad"] == 50
+    assert result["good_failed"] == 0, result
+    assert result["bad_not_4xx_naming_the_row"] == 0, result
+    assert result["server_errors_5xx"] == 0, result
+    assert all(v["sent"] > 0 for v in result["per_kind"].values()), result
+    assert 0 < result["server_rss_peak_mb"] < 2048, result
 
 
 def test_serving_rejects_a_malformed_payload(serving: str, images: dict[str, Path]) -> None:
