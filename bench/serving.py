@@ -90,6 +90,15 @@ def body(b64_images: list[str]) -> bytes:
     return json.dumps({"dataframe_split": {"columns": ["image"], "data": [[b] for b in b64_images]}}).encode()
 
 
+def run_clients(client, clients: int) -> None:
+    """Run ``client(k)`` for k = 0..clients-1 in threads and wait for all of them."""
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def load(port: int, bodies: list[bytes], clients: int, seconds: float) -> dict[str, float]:
     """``clients`` threads post ``bodies`` round-robin until the deadline; latency of each request."""
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -118,11 +127,7 @@ def load(port: int, bodies: list[bytes], clients: int, seconds: float) -> dict[s
             i += clients
         conn.close()
 
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_clients(client, clients)
     elapsed = time.perf_counter() - start
     lat = sorted(x for per in latencies for x in per)
     q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) >= 2 else (lat or [math.nan]) * 99
@@ -208,11 +213,7 @@ def mixed(port: int, pgid: int, good: list[bytes], good_rows: int, bad: dict[str
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     start = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_clients(client, clients)
     seconds = time.perf_counter() - start
     done.set()
     sampler.join()
