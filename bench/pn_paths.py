@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.io import load_split, read_json, write_json
-from pipeline.models.profile import CostModel
 from pipeline.models.modules import SupernetModule
+from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
 from pipeline.routing.assemble import load_prefix
 from pipeline.search.probmodel import ProbModel, max_entropy

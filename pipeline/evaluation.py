@@ -48,9 +48,11 @@ def cascade_summary(out: CascadeOutput, labels: np.ndarray, n_classes: int, leve
     return summary
 
 
-def all_exit_figures(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str) -> dict[str, Any]:
-    """Each exit alone (accuracy, mean MACs to reach it), the oracle, and the arrays for curves."""
-    outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512)
+def all_exit_figures(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
+                     decay: float = 0.0) -> dict[str, Any]:
+    """Each exit (accuracy, mean MACs to reach it), the oracle, and the arrays for curves; with
+    ``decay`` > 0 each exit answers with the exit ensemble, as the cascade does."""
+    outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512, ensemble_decay=decay)
     correct = (to_numpy(outs["pred"]) == labels[:, None])
     cum = to_numpy(outs["cum_macs"]).astype(np.float64)
     o_acc, o_macs = oracle(correct, cum)
@@ -71,27 +73,27 @@ def budget_curve(conf: np.ndarray, correct: np.ndarray, cum: np.ndarray, points:
 
 
 def time_cascade(stages: Sequence[Stage], x: torch.Tensor, kind: str, *, batch1_images: int,
-                 big_batch: int, repeats: int = 3) -> dict[str, float]:
+                 big_batch: int, repeats: int = 3, decay: float = 0.0) -> dict[str, float]:
     """Wall clock of the real engine: median ms per image at batch 1, and images/s at ``big_batch``."""
     singles = []
     for i in range(min(batch1_images, len(x))):
         start = time.perf_counter()
-        run_cascade(stages, x[i:i + 1], confidence_kind=kind)
+        run_cascade(stages, x[i:i + 1], confidence_kind=kind, ensemble_decay=decay)
         _sync(x.device)
         singles.append((time.perf_counter() - start) * 1e3)
-    run_cascade(stages, x[:big_batch], confidence_kind=kind)  # warm-up
+    run_cascade(stages, x[:big_batch], confidence_kind=kind, ensemble_decay=decay)  # warm-up
     _sync(x.device)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        run_cascade(stages, x, confidence_kind=kind, batch_size=big_batch)
+        run_cascade(stages, x, confidence_kind=kind, batch_size=big_batch, ensemble_decay=decay)
         _sync(x.device)
         best = min(best, time.perf_counter() - start)
     return {"latency_ms_b1_median": statistics.median(singles), "throughput_b%d" % big_batch: len(x) / best}
 
 
 def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
-                    costs_of: Sequence[Sequence[int]] | None = None) -> list[dict[str, Any]]:
+                    costs_of: Sequence[Sequence[int]] | None = None, decay: float = 0.0) -> list[dict[str, Any]]:
     """Each routing candidate of each multi-candidate stage as a standalone exit: modules before it
     as the cascade runs them, module k fixed to the candidate, no early exit. One row per candidate:
     ``{"module", "path", "macs", "accuracy"}`` where ``macs`` is the mean cost of reaching that exit."""
@@ -101,7 +103,7 @@ def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray
             continue
         for arch, macs in zip(stage.candidates, stage.candidate_macs, strict=True):
             fixed = Stage(stage.module, (arch,), (macs,), float("inf"))
-            outs = run_all_exits([*stages[:k], fixed], x, confidence_kind=kind, batch_size=512)
+            outs = run_all_exits([*stages[:k], fixed], x, confidence_kind=kind, batch_size=512, ensemble_decay=decay)
             rows.append({"module": k + 1, "path": arch.key(), "macs": float(outs["cum_macs"][:, -1].double().mean()),
                          "accuracy": float((to_numpy(outs["pred"][:, -1]) == labels).mean())})
     return rows

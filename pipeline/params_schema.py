@@ -311,6 +311,7 @@ CALIBRATE = {
     "reference": Str(choices=REFERENCES, default="best"),
     "budget_macs": Number(nullable=True, gt=0, default=None),
     "grid": Int(ge=1, default=50),
+    "ensemble_decays": List(Number(ge=0, le=1), unique=True, min_items=1, default=[0.0]),
 }
 
 

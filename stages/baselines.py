@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> None:
                             "small_exit_share": chain["small_exit_share"]}
         metrics = {**figures, "calib_images": len(calib), "train_images": len(train), "epochs": cfg.epochs,
                    "delta": delta, "grid": grid, "confidence": kind}
-        calib_record = {key: metrics[key] for key in (SMALL, LARGE, TWO_CNN, "calib_images", "delta", "grid")}
+        # The model record keeps no timings (they stay in the metrics file), so identical inputs give a
+        # byte-identical models/baselines and dvc.lock.
+        calib_record = {key: ({k: v for k, v in metrics[key].items() if k != "train_seconds"}
+                              if isinstance(metrics[key], dict) else metrics[key])
+                        for key in (SMALL, LARGE, TWO_CNN, "calib_images", "delta", "grid")}
         record = BaselinesMeta(cfg.small_width, cfg.large_width, image_shape[0], num_classes, image_shape,
                                mean, std, macs_small, macs_large, threshold, kind, calib=calib_record)
         with atomic_path(args.out, is_dir=True) as tmp:

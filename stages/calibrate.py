@@ -2,13 +2,15 @@
 accuracy within `delta` of sending every image to the last exit (or, in budget mode, the best
 accuracy with average MACs at most the budget). Writes the deployable cascade (model directory)
 for the selected routing and, as baselines, for static calib-set selection (claim 8) and for the
-fixed cascade (every supernet on its default path, no predictor), all calibrated by the same rule."""
+fixed cascade (every supernet on its default path, no predictor), all calibrated by the same rule.
+Each also gets its exit ensemble: for every decay in `calibrate.ensemble_decays` the thresholds are
+fitted with exits answering by the decay-weighted mean of their and the earlier exits' log-probabilities
+(free: an image at exit k has passed exits 1..k-1), and the decay whose cascade is best on calib is kept."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -17,8 +19,9 @@ from pipeline.device import autocast, stages_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.routing.assemble import load_stages
-from pipeline.routing.calibration import REFERENCES, calibrate_budget, calibrate_delta, simulate_thresholds
-from pipeline.routing.engine import Stage, run_all_exits
+from pipeline.routing.calibration import REFERENCES
+from pipeline.routing.engine import Stage
+from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 from pipeline.routing.package import CascadeMeta, preprocess, save_cascade
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
@@ -31,24 +34,6 @@ def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]
         out.append(Stage(stage.module, stage.candidates, stage.candidate_macs, t, stage.predictor,
                          stage.predictor_macs))
     return out
-
-
-def fit(stages: list[Stage], x: torch.Tensor, y: torch.Tensor, cfg: dict, kind: str) -> dict:
-    """Thresholds for ``stages`` from images ``x`` (on the stages' device) and labels ``y`` (CPU)."""
-    outs = {key: v.cpu().float() if v.is_floating_point() else v.cpu()  # bf16 logits: float32 for numpy
-            for key, v in run_all_exits(stages, x, confidence_kind=kind, batch_size=512).items()}
-    conf, cum = outs["conf"].numpy(), outs["cum_macs"].numpy()
-    correct = (outs["pred"] == y[:, None]).numpy()
-    if cfg["mode"] == "budget":
-        thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]))
-    else:
-        thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
-                                            reference=cfg["reference"])
-    acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
-    return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
-            "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
-            "exit_accuracy": correct.mean(axis=0).tolist(),
-            "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep}
 
 
 @cli
@@ -66,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
-           **section(params, "calibrate")}
+           "ensemble_decays": [0.0], **section(params, "calibrate")}
     if cfg["reference"] not in REFERENCES:
         raise ConfigError(f"params: calibrate.reference must be one of {REFERENCES}, got {cfg['reference']!r}")
     if cfg["mode"] not in ("delta", "budget"):
@@ -91,12 +76,14 @@ def main(argv: list[str] | None = None) -> None:
                                 mean=infos[0].mean, std=infos[0].std, confidence_kind=kind)
             x, y = preprocess(calib.images, cmeta).to(device), torch.from_numpy(calib.labels)
             with autocast(device, compute.precision):
-                res = fit(stages, x, y, cfg, kind)
+                logits, cum = exit_outputs(stages, x, kind)
+            res = fit_best_ensemble(logits, cum, y, cfg, kind)
             results[routing] = res
             info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
                     "params": {"calibrate": cfg, "modules": params["modules"], "train": params["train"]}}
             packages[routing] = (out, with_thresholds(stages, res["thresholds"]),
-                                 CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, kind, info=info))
+                                 CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, kind, info=info,
+                                             ensemble_decay=res["ensemble_decay"]))
         for out, stages, cmeta in packages.values():
             save_cascade(out, stages, cmeta)
         metrics = {routing: {k: v for k, v in res.items() if k != "sweep"} for routing, res in results.items()}
@@ -111,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
                              f"{routing}_last_exit_accuracy": res["last_exit_accuracy"]})
         run.log_artifact(args.metrics)
     for routing, res in metrics.items():
-        print(f"calibrate ({routing}): thresholds {[round(t, 4) for t in res['thresholds']]} -> calib accuracy "
+        print(f"calibrate ({routing}): exit ensemble decay {res['ensemble_decay']:g}, "
+              f"thresholds {[round(t, 4) for t in res['thresholds']]} -> calib accuracy "
               f"{res['accuracy']:.4f} (last exit {res['last_exit_accuracy']:.4f}) at {res['mean_macs']:,.0f} MACs "
               f"(last exit {res['last_exit_mean_macs']:,.0f}); exits {res['exit_counts']}")
 

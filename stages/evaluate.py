@@ -2,7 +2,9 @@
 baselines, in one run: each exit alone, the largest and the smallest static subnet without exits,
 the cascade with calib-set (claim 8) selection instead of predictors, and the oracle. Reports
 accuracy, average MACs, wall-clock latency at batch 1 and throughput at batch 256, exits per
-difficulty level, per-class accuracy and the confusion matrix; plots the budget and anytime curves."""
+difficulty level, per-class accuracy and the confusion matrix; plots the budget and anytime curves.
+Each cascade runs with the exit ensemble its calibration chose (`ensemble_decay` in its manifest);
+`each_exit_alone` gives every exit without it. Static paths have no exits, so no ensemble."""
 
 from __future__ import annotations
 
@@ -113,30 +115,35 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("evaluate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"model": str(args.model)}) as run, autocast(device, compute.precision):
         results: dict = {}
-        cascade = cascade_summary(run_cascade(main_model.stages, x, confidence_kind=kind, batch_size=256), y,
-                                  n_classes, levels)
+        decay, t_decay, f_decay = (m.meta.ensemble_decay for m in (main_model, testset_model, fixed_model))
+        cascade = cascade_summary(run_cascade(main_model.stages, x, confidence_kind=kind, batch_size=256,
+                                              ensemble_decay=decay), y, n_classes, levels)
+        cascade["ensemble_decay"] = decay
         cascade["thresholds"] = [s.threshold for s in main_model.stages[:-1]]
         results["cascade"] = cascade
         results["cascade_testset"] = cascade_summary(
-            run_cascade(testset_model.stages, x, confidence_kind=kind, batch_size=256), y, n_classes, levels)
-        exits = all_exit_figures(main_model.stages, x, y, kind)
+            run_cascade(testset_model.stages, x, confidence_kind=kind, batch_size=256, ensemble_decay=t_decay),
+            y, n_classes, levels)
+        exits = all_exit_figures(main_model.stages, x, y, kind, decay)
         results["each_exit"], results["oracle"] = exits["exits"], exits["oracle"]
+        results["each_exit_alone"] = all_exit_figures(main_model.stages, x, y, kind)["exits"]  # no ensemble
         curve = budget_curve(exits["_conf"], exits["_correct"], exits["_cum"])
-        t_exits = all_exit_figures(testset_model.stages, x, y, kind)
+        t_exits = all_exit_figures(testset_model.stages, x, y, kind, t_decay)
         curve_testset = budget_curve(t_exits["_conf"], t_exits["_correct"], t_exits["_cum"])
         statics = {}
-        f_exits = all_exit_figures(fixed_model.stages, x, y, kind)
+        f_exits = all_exit_figures(fixed_model.stages, x, y, kind, f_decay)
         curve_fixed = budget_curve(f_exits["_conf"], f_exits["_correct"], f_exits["_cum"])
-        fixed = cascade_summary(run_cascade(fixed_model.stages, x, confidence_kind=kind, batch_size=256), y,
-                                n_classes, None)
+        fixed = cascade_summary(run_cascade(fixed_model.stages, x, confidence_kind=kind, batch_size=256,
+                                            ensemble_decay=f_decay), y, n_classes, None)
         results["baselines"] = {
             **evaluate_baselines(plain, test.images, y),
             "fixed_cascade": {"accuracy": fixed["accuracy"], "mean_macs": fixed["mean_macs"],
                               "exit_share": fixed["exit_share"],
                               "thresholds": [s.threshold for s in fixed_model.stages[:-1]],
+                              "ensemble_decay": f_decay,
                               "each_exit": f_exits["exits"]}}
         curve_two_cnn = two_cnn_budget_curve(plain, test.images, y)
-        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind)
+        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind, decay=decay)
         for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static",
                      "default_static"):
             stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))
@@ -145,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                                       "mean_macs": float(out.macs.float().mean()),
                                       "paths": [s.candidates[0].key() for s in stages]})
             results[name] = statics[name][1]
-        timing = {"cascade": time_cascade(main_model.stages, x, kind, batch1_images=args.batch1_images, big_batch=256),
+        timing = {"cascade": time_cascade(main_model.stages, x, kind, batch1_images=args.batch1_images, big_batch=256,
+                                          decay=decay),
                   "largest_static": time_cascade(statics["largest_static"][0], x, kind,
                                                  batch1_images=args.batch1_images, big_batch=256)}
         big = results["largest_static"]

@@ -222,3 +222,12 @@ def oracle(correct: Any, cum_macs: Any) -> tuple[float, float]:
     right = correct.any(axis=1)  # (N,)
     exits = np.where(right, np.argmax(correct, axis=1), correct.shape[1] - 1)  # (N,)
     return float(right.mean()), float(cum_macs[np.arange(len(exits)), exits].mean())
+
+
+def choose_ensemble_decay(fits: dict[float, dict[str, Any]]) -> float:
+    """The exit-ensemble decay whose calibrated cascade is best on the calibration data: the highest
+    ``accuracy``, then the fewest ``mean_macs``, then the smallest decay (the simpler model). Each
+    value of ``fits`` is one decay's calibration result (thresholds fitted with that ensemble)."""
+    if not fits:
+        raise ValueError("no exit-ensemble decays to choose from")
+    return min(fits, key=lambda d: (-round(fits[d]["accuracy"], 12), round(fits[d]["mean_macs"], 6), d))

@@ -131,6 +131,42 @@ def _spent(stage: Stage, choice: torch.Tensor) -> torch.Tensor:
     return table[choice] + stage.predictor_macs  # (n,)
 
 
+def check_decay(decay: float) -> float:
+    """The exit ensemble's decay as a float in [0, 1], or a ValueError naming it."""
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= float(decay) <= 1.0:
+        raise ValueError(f"ensemble_decay must be a number in [0, 1], got {decay!r}")
+    return float(decay)
+
+
+def fold_exit(running: torch.Tensor | None, logits: torch.Tensor, decay: float) -> torch.Tensor:
+    """One step of the exit ensemble: ``decay * running + log_softmax(logits)`` (n, classes).
+
+    After exits 1..k, ``running`` holds sum_j decay^(k-j) log p_j: the earlier exits' answers,
+    each weighted down by ``decay`` per module since. They come for free (every image that reaches
+    exit k went through exits 1..k-1), so an exit can use them at no extra MACs."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)  # (n, classes)
+    return log_p if running is None else decay * running + log_p
+
+
+def ensemble_scores(running: torch.Tensor, k: int, decay: float) -> torch.Tensor:
+    """Exit k's (0-based) ensemble scores from ``fold_exit``'s sum: the decay-weighted mean of the
+    exits' log-probabilities, i.e. logits of their normalised weighted geometric mean (n, classes)."""
+    return running / sum(decay**j for j in range(k + 1))
+
+
+def combine_exits(logits: torch.Tensor, decay: float) -> torch.Tensor:
+    """(B, K, classes) exit logits -> the exit ensemble's scores at each exit (B, K, classes), as
+    ``run_cascade`` computes them. ``decay`` 0 returns ``logits`` itself (each exit alone)."""
+    decay = check_decay(decay)
+    if decay == 0.0:
+        return logits
+    running, out = None, []
+    for k in range(logits.shape[1]):
+        running = fold_exit(running, logits[:, k], decay)
+        out.append(ensemble_scores(running, k, decay))
+    return torch.stack(out, dim=1)
+
+
 def _check(stages: Sequence[Stage], images: torch.Tensor, batch_size: int | None) -> None:
     if not stages:
         raise ValueError("the cascade needs at least one stage")
@@ -141,7 +177,8 @@ def _check(stages: Sequence[Stage], images: torch.Tensor, batch_size: int | None
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
 
-def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: str) -> CascadeOutput:
+def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: str,
+               decay: float = 0.0) -> CascadeOutput:
     b, k_total, device = images.shape[0], len(stages), images.device
     pred = torch.full((b,), -1, dtype=torch.long, device=device)
     conf = torch.zeros(b, dtype=images.dtype, device=device)
@@ -151,11 +188,15 @@ def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: s
     calls = []
     active = torch.arange(b, device=device)  # (n,) original rows still in the cascade
     h = images  # (n, C, H, W)
+    running = None  # exit ensemble: decay-weighted sum of the exits' log-probabilities (n, classes)
     for k, stage in enumerate(stages):
         calls.append(active.numel())
         if active.numel() == 0:
             continue
         features, logits, choice = _run_stage(stage, h)  # (n, C', H', W'), (n, classes), (n,)
+        if decay > 0.0:
+            running = fold_exit(running, logits, decay)
+            logits = ensemble_scores(running, k, decay)
         choices[active, k] = choice
         macs[active] += _spent(stage, choice)
         c = confidence(logits, confidence_kind)  # (n,)
@@ -168,6 +209,8 @@ def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: s
         stay = torch.nonzero(~leave, as_tuple=False).flatten()  # (n',)
         active = active.index_select(0, stay)
         h = features.index_select(0, stay)  # (n', C', H', W'): later modules see only these rows
+        if running is not None:
+            running = running.index_select(0, stay)
     return CascadeOutput(pred, conf, exit_index, choices, macs, calls)
 
 
@@ -177,20 +220,24 @@ def run_cascade(
     *,
     confidence_kind: str = "maxprob",
     batch_size: int | None = None,
+    ensemble_decay: float = 0.0,
 ) -> CascadeOutput:
     """Early-exit inference on images (B, C, H, W): each image leaves at the first module whose
     confidence reaches its threshold (the last module always answers).
 
     ``batch_size`` splits the input into chunks run one after another (bounded memory); the
     per-image results do not depend on it, and ``calls`` are summed over the chunks.
+    ``ensemble_decay`` > 0: each exit answers with the exit ensemble (``combine_exits``) of itself
+    and the exits before it, instead of its own logits alone (0, the default).
     """
     _check(stages, images, batch_size)
+    decay = check_decay(ensemble_decay)
     step = batch_size or max(images.shape[0], 1)
     with eval_mode(*_nets(stages)), torch.inference_mode():
         starts = range(0, images.shape[0], step)
-        parts = [_run_batch(stages, images[i : i + step], confidence_kind) for i in starts]
+        parts = [_run_batch(stages, images[i : i + step], confidence_kind, decay) for i in starts]
         if not parts:
-            return _run_batch(stages, images, confidence_kind)
+            return _run_batch(stages, images, confidence_kind, decay)
         return CascadeOutput(
             pred=torch.cat([p.pred for p in parts]),
             conf=torch.cat([p.conf for p in parts]),
@@ -202,7 +249,7 @@ def run_cascade(
 
 
 def _all_exits_batch(
-    stages: Sequence[Stage], images: torch.Tensor, confidence_kind: str
+    stages: Sequence[Stage], images: torch.Tensor, confidence_kind: str, decay: float = 0.0
 ) -> dict[str, torch.Tensor]:
     logits, choices, macs = [], [], []
     h = images  # (B, C, H, W)
@@ -211,7 +258,7 @@ def _all_exits_batch(
         logits.append(z)
         choices.append(choice)
         macs.append(_spent(stage, choice))
-    stacked = torch.stack(logits, dim=1)  # (B, K, classes)
+    stacked = combine_exits(torch.stack(logits, dim=1), decay)  # (B, K, classes)
     spent = torch.stack(macs, dim=1)  # (B, K)
     return {
         "logits": stacked,
@@ -229,6 +276,7 @@ def run_all_exits(
     *,
     confidence_kind: str = "maxprob",
     batch_size: int | None = None,
+    ensemble_decay: float = 0.0,
 ) -> dict[str, torch.Tensor]:
     """Every module on every image, with the same per-image routing, and no exits.
 
@@ -236,12 +284,14 @@ def run_all_exits(
     calibration, baselines and the oracle each exit's answer. Returns (N, K, ...) tensors:
     ``logits`` (N, K, classes), ``conf``, ``pred``, ``choices``, ``macs`` (spent at module k) and
     ``cum_macs`` (spent up to and including module k, i.e. the cost of exiting there).
+    With ``ensemble_decay`` > 0, ``logits`` are the exit ensemble's scores, as ``run_cascade``'s.
     """
     _check(stages, images, batch_size)
+    decay = check_decay(ensemble_decay)
     step = batch_size or max(images.shape[0], 1)
     with eval_mode(*_nets(stages)), torch.inference_mode():
         parts = [
-            _all_exits_batch(stages, images[i : i + step], confidence_kind)
+            _all_exits_batch(stages, images[i : i + step], confidence_kind, decay)
             for i in range(0, max(images.shape[0], 1), step)
         ]
     return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}

@@ -26,7 +26,7 @@ from torch import nn
 from pipeline.data.sources import DEFAULT_MAX_PIXELS, IMAGE_SUFFIXES, DataError, decode_image_file
 from pipeline.io import atomic_path, file_sha256, write_json
 from pipeline.models.modules import CONFIDENCE_KINDS, FixedModule, ModuleSpec, SupernetModule, build_module
-from pipeline.routing.engine import Stage, run_cascade
+from pipeline.routing.engine import Stage, check_decay, run_cascade
 from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
 
@@ -51,6 +51,7 @@ class CascadeMeta:
     confidence_kind: str = "maxprob"
     num_classes: int = 0  # 0: take len(classes)
     info: dict[str, Any] = field(default_factory=dict, hash=False)
+    ensemble_decay: float = 0.0  # exit ensemble (engine.combine_exits); 0 = each exit answers alone
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
@@ -69,6 +70,7 @@ class CascadeMeta:
             "std": list(self.std),
             "confidence_kind": self.confidence_kind,
             "num_classes": self.num_classes,
+            "ensemble_decay": float(self.ensemble_decay),
             "info": self.info,
         }
 
@@ -98,6 +100,7 @@ def _check_meta(meta: CascadeMeta) -> None:
         )
     if not all(math.isfinite(s) and s > 0 for s in meta.std) or not all(math.isfinite(m) for m in meta.mean):
         raise ValueError(f"CascadeMeta: mean must be finite, std finite and > 0; got {meta.mean}, {meta.std}")
+    check_decay(meta.ensemble_decay)
     if meta.confidence_kind not in CONFIDENCE_KINDS:
         kind = meta.confidence_kind
         raise ValueError(f"CascadeMeta.confidence_kind must be one of {CONFIDENCE_KINDS}, got {kind!r}")
@@ -322,7 +325,8 @@ def recognize_arrays(
 ) -> list[dict[str, Any]]:
     """One row per image: class, confidence, 1-based exit, chosen subnet per module, MACs spent."""
     x = preprocess(images_uint8, loaded.meta).to(_device_of(loaded))
-    out = run_cascade(loaded.stages, x, confidence_kind=loaded.meta.confidence_kind, batch_size=batch_size)
+    out = run_cascade(loaded.stages, x, confidence_kind=loaded.meta.confidence_kind, batch_size=batch_size,
+                      ensemble_decay=loaded.meta.ensemble_decay)
     keys = [[arch.key() for arch in stage.candidates] for stage in loaded.stages]
     rows = []
     columns = (out.pred, out.conf, out.exit_index, out.choices, out.macs)
@@ -428,6 +432,7 @@ def describe_cascade(loaded: LoadedCascade) -> dict[str, Any]:
         "mean": list(meta.mean),
         "std": list(meta.std),
         "confidence_kind": meta.confidence_kind,
+        "ensemble_decay": meta.ensemble_decay,
         "modules": modules,
         "info": meta.info,
     }

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.data.sources import DataError, load_digits, load_idx_dir, load_imagefolder, load_source, read_idx
+from pipeline.data.sources import (
+    DataError,
+    load_digits,
+    load_idx_dir,
+    load_imagefolder,
+    load_source,
+    read_idx,
+)
 
 
 def write_idx(path: Path, array: np.ndarray, compress: bool = True) -> Path:

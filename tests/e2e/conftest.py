@@ -2,35 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from pipeline.config import deep_merge, load_params
+from bench.tiny_repo import ROOT, add_fourth_module, env_for, make_tiny_repo
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def repo_files(root: Path) -> list[str]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=root,
-                         capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if line and (root / line).is_file()]
-
-
-def env_for(repo: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{repo / 'mlflow.db'}"
-    env["DVC_NO_ANALYTICS"] = "1"
-    env["GX_ANALYTICS_ENABLED"] = "false"
-    env["PYTHONPATH"] = str(repo)
-    env.pop("CASCADE_EXECUTION_ID", None)
-    return env
+__all__ = ["ROOT", "MODULES", "add_fourth_module", "changed_stages", "env_for", "make_tiny_repo", "run"]
 
 
 def run(cmd: list[str], repo: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -39,30 +18,6 @@ def run(cmd: list[str], repo: Path, check: bool = True) -> subprocess.CompletedP
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-3000:]}")
     return result
-
-
-def make_tiny_repo(dest: Path) -> Path:
-    for rel in repo_files(ROOT):
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, target)
-    params = deep_merge(load_params(dest / "params.yaml"), load_params(dest / "profiles" / "tiny.yaml"))
-    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.com"],
-                ["git", "config", "user.name", "test"], ["git", "add", "-A"],
-                ["git", "commit", "-qm", "tiny profile"]):
-        run(cmd, dest)
-    return dest
-
-
-def add_fourth_module(repo: Path) -> None:
-    """A 4-module cascade by a params change alone (issue: "a 4-module cascade runs end to end by
-    changing params.yaml only"): one more module stacked on m3 and one more curriculum level."""
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    params["grade"]["levels"] = 4  # module k trains on curriculum level k
-    params["modules"]["m4"] = {"after": "models/modules/m3",
-                               "spec": {"kind": "fixed", "channels": 16, "stride": 1, "layers": 1}}
-    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
 MODULES = ("m1", "m2", "m3", "m4")  # the shared tiny repo's cascade: the tiny profile's three + m4

@@ -20,7 +20,7 @@ def test_module_chain_in_the_dag(tiny_repo):
         assert (f"train@{key}", f"search@{key}") in edges
         assert (f"search@{key}", f"select@{key}") in edges
         assert (f"select@{key}", "calibrate") in edges
-    for prev, key in zip(MODULES, MODULES[1:]):
+    for prev, key in zip(MODULES, MODULES[1:], strict=False):
         assert (f"select@{prev}", f"train@{key}") in edges
     assert ("grade", "train@m1") in edges and ("profile", "train@m1") in edges
     assert ("calibrate", "evaluate") in edges
@@ -46,6 +46,24 @@ def test_outputs_and_metrics(tiny_repo):
     assert evaluate["oracle"]["mean_macs"] <= evaluate["space_largest_static"]["mean_macs"]
     for name in ("budget_curve.png", "anytime.png", "confusion.png", "budget_curve.csv"):
         assert (tiny_repo / "plots/evaluate" / name).exists()
+
+
+def test_calibrate_keeps_the_exit_ensemble_best_on_calib(tiny_repo, tmp_path):
+    calibrate = json.loads((tiny_repo / "metrics/calibrate.json").read_text())["selected"]
+    params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
+    tried = calibrate["ensemble_tried"]
+    assert sorted(float(d) for d in tried) == sorted(params["calibrate"]["ensemble_decays"])
+    assert calibrate["accuracy"] == max(r["accuracy"] for r in tried.values())
+    manifest = json.loads((tiny_repo / "models/cascade/cascade.json").read_text())
+    assert manifest["meta"]["ensemble_decay"] == calibrate["ensemble_decay"]
+    evaluate = json.loads((tiny_repo / "metrics/evaluate.json").read_text())
+    assert evaluate["cascade"]["ensemble_decay"] == calibrate["ensemble_decay"]
+    assert len(evaluate["each_exit_alone"]) == len(MODULES)
+    out = tmp_path / "ens.json"
+    run(["python", "-m", "bench.exit_ensemble", "--out", str(out)], tiny_repo)  # the README's decay table
+    rows = json.loads(out.read_text())["rows"]
+    chosen = next(r for r in rows if r["decay"] == calibrate["ensemble_decay"])
+    assert chosen["thresholds"] == calibrate["thresholds"]
 
 
 def test_four_module_cascade_by_params_only(tiny_repo):

@@ -9,6 +9,7 @@ from pipeline.routing.calibration import (
     NEVER,
     calibrate_budget,
     calibrate_delta,
+    choose_ensemble_decay,
     exit_indices,
     oracle,
     simulate_thresholds,
@@ -113,10 +114,11 @@ def test_oracle_leaves_at_the_first_right_exit() -> None:
     assert mean_macs == pytest.approx((3 + 6 + 1 + 6) / 4)
 
 
-def test_simulation_agrees_with_the_engine(tiny: TinyCascade) -> None:
+@pytest.mark.parametrize("decay", [0.0, 0.5])
+def test_simulation_agrees_with_the_engine(tiny: TinyCascade, decay: float) -> None:
     x = images(200, seed=11)
     labels = torch.randint(0, 4, (200,), generator=torch.Generator().manual_seed(0))
-    every = run_all_exits(tiny.stages, x)
+    every = run_all_exits(tiny.stages, x, ensemble_decay=decay)
     conf = every["conf"].numpy()
     correct = (every["pred"] == labels[:, None]).numpy()
     cum_macs = every["cum_macs"].numpy()
@@ -124,7 +126,7 @@ def test_simulation_agrees_with_the_engine(tiny: TinyCascade) -> None:
     settings = [[float(a), float(b)] for a in grids[0][1::3] for b in grids[1][1::3]]
     settings.append(calibrate_delta(conf, correct, cum_macs, 0.02, 8)[0])
     for thresholds in settings:
-        out = run_cascade(tiny.with_thresholds(thresholds), x)
+        out = run_cascade(tiny.with_thresholds(thresholds), x, ensemble_decay=decay)
         accuracy, mean_macs, counts = simulate_thresholds(conf, correct, cum_macs, thresholds)
         assert np.array_equal(exit_indices(conf, thresholds), out.exit_index.numpy())
         assert accuracy == pytest.approx(float((out.pred == labels).double().mean()))
@@ -150,3 +152,12 @@ def test_calibrate_delta_best_reference_holds_the_bar_of_a_stronger_earlier_exit
     assert macs_best <= 2.0  # exit 1 where it is sure, exit 2 for the rest; never the weak exit 3
     with pytest.raises(ValueError, match="reference"):
         calibrate_delta(conf, correct, cum, 0.0, 10, reference="median")
+
+
+def test_choose_ensemble_decay_prefers_accuracy_then_macs_then_the_smaller_decay() -> None:
+    fits = {0.0: {"accuracy": 0.90, "mean_macs": 10.0}, 0.25: {"accuracy": 0.92, "mean_macs": 12.0},
+            0.5: {"accuracy": 0.92, "mean_macs": 11.0}, 1.0: {"accuracy": 0.92, "mean_macs": 11.0}}
+    assert choose_ensemble_decay(fits) == 0.5
+    assert choose_ensemble_decay({0.0: fits[0.0]}) == 0.0
+    with pytest.raises(ValueError, match="no exit-ensemble decays"):
+        choose_ensemble_decay({})

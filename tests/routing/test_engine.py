@@ -9,7 +9,7 @@ from torch import nn
 
 from pipeline.models.cost import count_macs
 from pipeline.routing.calibration import NEVER, threshold_grid
-from pipeline.routing.engine import Stage, build_stage, run_all_exits, run_cascade
+from pipeline.routing.engine import Stage, build_stage, combine_exits, run_all_exits, run_cascade
 from pipeline.routing.predictor import Predictor
 from tests.routing.conftest import CANDIDATES, TinyCascade, images
 
@@ -155,3 +155,28 @@ def test_stage_rejects_inconsistent_setups(tiny: TinyCascade) -> None:
 def test_empty_batch(tiny: TinyCascade) -> None:
     out = run_cascade(tiny.stages, images(0, seed=0))
     assert out.calls == [0, 0, 0] and out.pred.shape == (0,) and out.choices.shape == (0, 3)
+
+
+def test_combine_exits_is_the_decay_weighted_mean_of_log_probabilities() -> None:
+    logits = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(0))
+    assert combine_exits(logits, 0.0) is logits  # each exit alone, untouched
+    log_p = torch.log_softmax(logits, dim=-1)
+    mean = combine_exits(logits, 1.0)
+    assert torch.allclose(mean[:, 2], log_p.mean(dim=1), atol=1e-6)
+    half = combine_exits(logits, 0.5)
+    assert torch.allclose(half[:, 0], log_p[:, 0], atol=1e-6)
+    assert torch.allclose(half[:, 2], (0.25 * log_p[:, 0] + 0.5 * log_p[:, 1] + log_p[:, 2]) / 1.75, atol=1e-6)
+    for bad in (-0.1, 1.5, float("nan"), True, "0.5"):
+        with pytest.raises(ValueError, match="ensemble_decay"):
+            combine_exits(logits, bad)
+
+
+def test_the_exit_ensemble_changes_answers_not_costs(tiny: TinyCascade) -> None:
+    x = images(64, seed=5)
+    stages = tiny.with_thresholds([0.5, 0.5])
+    alone, ensemble = run_cascade(stages, x), run_cascade(stages, x, ensemble_decay=0.5)
+    assert torch.equal(ensemble.pred[ensemble.exit_index == 0], alone.pred[alone.exit_index == 0])  # exit 1: itself
+    both = run_all_exits(stages, x, ensemble_decay=0.5)
+    leaving = ensemble.exit_index
+    assert torch.equal(ensemble.pred, both["pred"][torch.arange(64), leaving])
+    assert torch.equal(ensemble.macs, both["cum_macs"][torch.arange(64), leaving])

@@ -284,6 +284,23 @@ def test_meta_checks() -> None:
     with pytest.raises(ValueError, match="confidence_kind"):
         CascadeMeta(("a", "b"), (1, 8, 8), (0.5,), (0.25,), confidence_kind="entropy")
     assert CascadeMeta(["a", "b"], [1, 8, 8], [0.5], [0.25]).num_classes == 2  # JSON lists are fine
+    with pytest.raises(ValueError, match="ensemble_decay"):
+        CascadeMeta(("a", "b"), (1, 8, 8), (0.5,), (0.25,), ensemble_decay=2.0)
+
+
+def test_the_exit_ensemble_travels_with_the_model(saved: tuple[list[Stage], Path], tmp_path: Path) -> None:
+    stages, _ = saved
+    meta = dataclasses.replace(META, ensemble_decay=0.5)
+    loaded = load_cascade(save_cascade(tmp_path / "ens", stages, meta))
+    assert loaded.meta.ensemble_decay == 0.5
+    old = META.to_dict()
+    old.pop("ensemble_decay")  # a manifest written before the exit ensemble existed
+    assert CascadeMeta.from_dict(old).ensemble_decay == 0.0
+    images = np.random.default_rng(0).integers(0, 256, (20, 1, 16, 16), dtype=np.uint8)
+    x = preprocess(images, meta)
+    rows = recognize_arrays(loaded, images)
+    expected = run_cascade(loaded.stages, x, ensemble_decay=0.5)
+    assert [r["class_index"] for r in rows] == expected.pred.tolist()
 
 
 def test_recognize_files_collects_errors(saved: tuple[list[Stage], Path], tmp_path: Path) -> None:

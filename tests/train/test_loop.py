@@ -21,8 +21,8 @@ from pipeline.train.loop import (
     learning_rate,
     load_checkpoint,
     load_module_state,
-    recalibrate_batchnorm,
     module_outputs,
+    recalibrate_batchnorm,
     save_checkpoint,
     train_module,
 )

@@ -1,0 +1,48 @@
+"""Fitting a cascade's exit rule on labelled images: one forward pass over every exit, then thresholds
+for each exit-ensemble decay (``engine.combine_exits``), and the decay whose cascade is best."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipeline.models.modules import confidence
+from pipeline.routing.calibration import (
+    calibrate_budget,
+    calibrate_delta,
+    choose_ensemble_decay,
+    simulate_thresholds,
+)
+from pipeline.routing.engine import Stage, combine_exits, run_all_exits
+
+
+def exit_outputs(stages: list[Stage], x: torch.Tensor, kind: str) -> tuple[torch.Tensor, np.ndarray]:
+    """Every exit's logits (N, K, classes) as float32 on the CPU and the cost of leaving at each (N, K)."""
+    outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512)
+    return outs["logits"].cpu().float(), outs["cum_macs"].cpu().numpy()
+
+
+def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, decay: float) -> dict:
+    """Thresholds for exits answering with the exit ensemble of ``decay`` (0: each exit alone)."""
+    scores = combine_exits(logits, decay)  # (N, K, classes)
+    conf = confidence(scores, kind).numpy()
+    correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
+    if cfg["mode"] == "budget":
+        thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]))
+    else:
+        thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
+                                            reference=cfg["reference"])
+    acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
+    return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
+            "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
+            "exit_accuracy": correct.mean(axis=0).tolist(), "ensemble_decay": float(decay),
+            "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep}
+
+
+def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str) -> dict:
+    """``fit`` for every decay of ``cfg["ensemble_decays"]``; the one best on calib, with the others' figures."""
+    fits = {float(d): fit(logits, cum, y, cfg, kind, float(d)) for d in cfg["ensemble_decays"]}
+    best = fits[choose_ensemble_decay(fits)]
+    best["ensemble_tried"] = {f"{d:g}": {"accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
+                                         "exit_accuracy": r["exit_accuracy"]} for d, r in fits.items()}
+    return best
