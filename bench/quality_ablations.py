@@ -30,9 +30,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from bench.report import report_parts
 from pipeline.config import GradeConfig, ModelConfig, deep_merge, load_params, section
 from pipeline.data.grading import curriculum_repeats
-from pipeline.io import load_split, write_json
+from pipeline.io import load_split
 from pipeline.models.cascade import feature_shapes
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
@@ -227,11 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.part == "pm":
         out["pm"] = part_m2(params, train, calib, scores, shapes, n_classes, mean, std, args.epochs, seed, args.paths,
                             args.models, update_variants, tuple(args.variants))
-    for part in ("m1", "m2", "pm"):
-        if part in out:
-            print(f"\n{part}:\n" + pd.DataFrame(out[part]).to_string(index=False))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out.with_name(f"{args.out.stem}_{args.part}{args.out.suffix}"), out)
+    report_parts(out, ("m1", "m2", "pm"), args.out, args.part)
     return 0
 
 
