@@ -51,6 +51,7 @@ from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
 from pipeline.routing.engine import combine_exits
 from pipeline.train.data import ImageBatches, epoch_seed, random_crop
+from pipeline.train.loop import module_train_config
 
 DECAYS = (0.25, 0.5)
 
@@ -259,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = int(params.get("seed", 0))
     config = ModelConfig.from_params(params)
     specs = config.specs
-    epochs_of = [int(args.epochs or (params["modules"][f"m{k + 1}"].get("train") or {}).get(
-        "epochs", params["train"]["epochs"])) for k in range(len(specs))]
+    epochs_of = [args.epochs or module_train_config(params, name, seed).epochs for name in params["modules"]]
     train, calib, test = (load_split(args.data, s) for s in ("train", "calib", "test"))
     if args.max_train:
         train = train.subset(np.arange(min(args.max_train, len(train))))
