@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from pipeline.registry import (
 )
 from pipeline.routing.package import load_cascade, recognize_arrays, recognize_files
 from tests.routing.test_package import save_tiny, uint8_images, write_image_files
+from tests.team import free_port, subprocess_env
 
 VENV_BIN = Path(sys.executable).parent
 CFG = RegisterConfig("tiny-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
@@ -432,19 +432,6 @@ def test_register_stage_errors(tmp_path: Path, model_dir: Path, capsys: pytest.C
 
 
 # ------------------------------------------------------------------------------- tracking server (HTTP)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def subprocess_env(tracking_uri: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}", MLFLOW_TRACKING_URI=tracking_uri,
-               MLFLOW_ENABLE_TELEMETRY="false", DO_NOT_TRACK="1", OMP_NUM_THREADS="1")
-    return env
 
 
 @contextlib.contextmanager

@@ -8,12 +8,7 @@ Skipped only when the PostgreSQL binaries are absent (scripts/setup.sh installs 
 
 from __future__ import annotations
 
-import glob
 import json
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,25 +19,10 @@ from pipeline import tracking
 from pipeline.io import write_json
 from pipeline.registry import CHALLENGER, CHAMPION, download_cascade, metrics_from_tags
 from tests.routing.test_package import save_tiny
-from tests.test_registry import failing, free_port, run_stage, stage_repo, subprocess_env
+from tests.team import ABSENT, TeamServer, postgres_bin, postgres_registry, running_team_server, script
+from tests.test_registry import failing, run_stage, stage_repo
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "team_server.sh"
 MODEL = "stage-cascade"  # the name stage_repo's params give the registered model
-
-
-def postgres_bin() -> str | None:
-    """Where the script finds initdb: $PG_BIN, /usr/lib/postgresql/*/bin, or PATH."""
-    candidates = [os.environ.get("PG_BIN", "")] + sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
-    for directory in filter(None, candidates):
-        if os.access(os.path.join(directory, "initdb"), os.X_OK):
-            return directory
-    found = shutil.which("initdb")
-    return os.path.dirname(found) if found else None
-
-
-def script(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -52,61 +32,27 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def team_server() -> Iterator[dict[str, object]]:
-    """The script's server on a free port, its directory fresh; stopped and removed in teardown
-    whatever happened (a failed start included)."""
+def team_server() -> Iterator[TeamServer]:
     if postgres_bin() is None:
-        pytest.skip("PostgreSQL binaries absent (no initdb in $PG_BIN, /usr/lib/postgresql/*/bin or PATH): "
-                    "install Debian's postgresql package (scripts/setup.sh does)")
-    # Not pytest's tmp_path: its folders are closed to other users (0700), and as root the cluster
-    # belongs to the postgres user, who must be able to enter the directory.
-    directory = Path(tempfile.mkdtemp(prefix="cascade-team-"))
-    if os.geteuid() == 0:
-        directory.chmod(0o711)
-    port = free_port()
-    uri = f"http://127.0.0.1:{port}"
-    env = subprocess_env(uri)
-    args = ("--port", str(port), "--dir", str(directory), "--workers", "1")
-    try:
-        started = script("start", *args, env=env)
-        assert started.returncode == 0, f"start failed:\n{started.stdout}\n{started.stderr}"
-        yield {"uri": uri, "dir": directory, "args": args, "env": env, "started": started.stdout}
-    finally:
-        stopped = script("stop", *args, env=env, timeout=60)
-        shutil.rmtree(directory, ignore_errors=True)
-        assert stopped.returncode == 0, f"stop failed:\n{stopped.stdout}\n{stopped.stderr}"
+        pytest.skip(ABSENT)
+    with running_team_server() as server:
+        yield server
 
 
-def test_start_prints_the_uri_status_and_is_idempotent(team_server: dict) -> None:
-    uri, args, env = team_server["uri"], team_server["args"], team_server["env"]
-    assert f"export MLFLOW_TRACKING_URI={uri}" in team_server["started"].splitlines()
+def test_start_prints_the_uri_status_and_is_idempotent(team_server: TeamServer) -> None:
+    uri, args, env = team_server.uri, team_server.args, team_server.env
+    assert f"export MLFLOW_TRACKING_URI={uri}" in team_server.started.splitlines()
     status = script("status", *args, env=env)
     assert status.returncode == 0 and "running" in status.stdout and uri in status.stdout
     again = script("start", *args, env=env)
-    pid = (team_server["dir"] / "mlflow.pid").read_text().strip()
+    pid = (team_server.dir / "mlflow.pid").read_text().strip()
     assert again.returncode == 0 and f"already running (pid {pid}" in again.stdout
     assert f"export MLFLOW_TRACKING_URI={uri}" in again.stdout
 
 
-def postgres_registry(directory: Path) -> tuple[dict[str, int], list[int]]:
-    """The aliases and versions of MODEL as PostgreSQL's own tables hold them."""
-    import psycopg2
-
-    conn = psycopg2.connect(host=str(directory / "pg" / "run"), port=5432, user="mlflow", dbname="mlflow")
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT alias, version FROM registered_model_aliases WHERE name = %s", (MODEL,))
-            aliases = {alias: int(version) for alias, version in cur.fetchall()}
-            cur.execute("SELECT version FROM model_versions WHERE name = %s ORDER BY version", (MODEL,))
-            versions = [int(v) for (v,) in cur.fetchall()]
-    finally:
-        conn.close()
-    return aliases, versions
-
-
-def test_register_stage_gate_on_postgres(team_server: dict, model_dir: Path, tmp_path: Path,
+def test_register_stage_gate_on_postgres(team_server: TeamServer, model_dir: Path, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(team_server["uri"]))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(team_server.uri))
     root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
     assert run_stage(root, model_dir) == 0
     first = json.loads((root / "metrics/register.json").read_text())
@@ -127,21 +73,21 @@ def test_register_stage_gate_on_postgres(team_server: dict, model_dir: Path, tmp
     assert challenger["version"] == "2" and challenger["tags"]["gate"] == "failed"
 
     # the registry lives in PostgreSQL and the artifacts in the server's folder, nothing in the root
-    assert postgres_registry(team_server["dir"]) == ({CHAMPION: 1, CHALLENGER: 2}, [1, 2])
+    assert postgres_registry(team_server.dir, MODEL) == ({CHAMPION: 1, CHALLENGER: 2}, [1, 2])
     assert not (root / "mlflow.db").exists() and not (root / "mlruns").exists()
-    assert list((team_server["dir"] / "artifacts").rglob("MLmodel"))
+    assert list((team_server.dir / "artifacts").rglob("MLmodel"))
 
 
-def test_restart_keeps_the_registry(team_server: dict, model_dir: Path, tmp_path: Path,
+def test_restart_keeps_the_registry(team_server: TeamServer, model_dir: Path, tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Stop and start again on the same directory: the champion and its artifacts are still there."""
-    args, env = team_server["args"], team_server["env"]
+    args, env = team_server.args, team_server.env
     assert script("stop", *args, env=env, timeout=60).returncode == 0
     stopped = script("status", *args, env=env)
     assert stopped.returncode == 3 and "stopped" in stopped.stdout
     restarted = script("start", *args, env=env)
     assert restarted.returncode == 0, restarted.stderr
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(team_server["uri"]))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", str(team_server.uri))
     assert tracking.get_version_by_alias(MODEL, CHAMPION, root=tmp_path)["version"] == "1"
     downloaded = download_cascade(f"models:/{MODEL}@{CHAMPION}", tmp_path / "champion")
     assert (downloaded / "cascade.json").read_bytes() == (model_dir / "cascade.json").read_bytes()

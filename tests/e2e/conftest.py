@@ -3,17 +3,30 @@
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench.tiny_repo import ROOT, add_fourth_module, env_for, make_tiny_repo
+from tests.team import TeamServer, postgres_bin, running_team_server
 
-__all__ = ["ROOT", "MODULES", "add_fourth_module", "changed_stages", "env_for", "make_tiny_repo", "run"]
+__all__ = ["ROOT", "MODULES", "add_fourth_module", "changed_stages", "env_for", "make_tiny_repo", "repo_env",
+           "run"]
+
+TRACKING: dict[Path, str] = {}  # repo -> the tracking URI its stages use instead of its own SQLite file
+
+
+def repo_env(repo: Path) -> dict[str, str]:
+    """What a command in ``repo`` sees: :func:`env_for`, on the team server if the repo was set up on it."""
+    env = env_for(repo)
+    if repo in TRACKING:
+        env["MLFLOW_TRACKING_URI"] = TRACKING[repo]
+    return env
 
 
 def run(cmd: list[str], repo: Path, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=repo, env=env_for(repo), capture_output=True, text=True)
+    result = subprocess.run(cmd, cwd=repo, env=repo_env(repo), capture_output=True, text=True)
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
                              f"{result.stderr[-3000:]}")
@@ -24,10 +37,25 @@ MODULES = ("m1", "m2", "m3", "m4")  # the shared tiny repo's cascade: the tiny p
 
 
 @pytest.fixture(scope="session")
-def tiny_repo(tmp_path_factory) -> Path:
+def tracking_server() -> Iterator[TeamServer | None]:
+    """The team tracking server (``scripts/team_server.sh``: mlflow server on PostgreSQL) that the
+    shared tiny pipeline tracks and registers on; None where the PostgreSQL binaries are absent (the
+    repo's own SQLite file then, as in a user's checkout)."""
+    if postgres_bin() is None:
+        yield None
+        return
+    with running_team_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tiny_repo(tmp_path_factory, tracking_server: TeamServer | None) -> Path:
     """The tiny profile with a fourth module added in params only (one shared `dvc repro` serves the
-    stage tests and the 4-module test), run once per session."""
+    stage tests and the 4-module test), run once per session, tracked on the team server when
+    PostgreSQL is installed (scripts/setup.sh installs it)."""
     repo = make_tiny_repo(tmp_path_factory.mktemp("tiny") / "repo")
+    if tracking_server is not None:
+        TRACKING[repo] = tracking_server.uri
     add_fourth_module(repo)
     run(["python", "-m", "pipeline.check_params"], repo)
     run(["git", "commit", "-qam", "a fourth module, in params only"], repo)

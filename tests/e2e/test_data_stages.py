@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sqlite3
 
 import pytest
 import yaml
 
-from tests.e2e.conftest import changed_stages, run
+from tests.e2e.conftest import changed_stages, repo_env, run
 
 pytestmark = pytest.mark.e2e
 
@@ -53,16 +52,15 @@ def test_noop_repro_and_param_change_reruns_only_dependents(tiny_repo):
 
 
 def test_every_stage_is_an_mlflow_run_of_one_execution(tiny_repo):
-    with sqlite3.connect(tiny_repo / "mlflow.db") as db:
-        rows = db.execute("select r.run_uuid, t.key, t.value from runs r join tags t on r.run_uuid = t.run_uuid "
-                          "where t.key in ('stage', 'pipeline_execution', 'git_commit')").fetchall()
-    tags: dict[str, dict[str, str]] = {}
-    for run_id, key, value in rows:
-        tags.setdefault(run_id, {})[key] = value
-    stages = {t["stage"] for t in tags.values()}
-    assert {"ingest", "validate", "grade"} <= stages
-    assert len({t["pipeline_execution"] for t in tags.values()}) == 1
-    assert all(len(t["git_commit"]) >= 40 for t in tags.values())
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=repo_env(tiny_repo)["MLFLOW_TRACKING_URI"])
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    tags = [r.data.tags for r in client.search_runs(experiments, max_results=1000) if "stage" in r.data.tags]
+    stages = {t["stage"] for t in tags}
+    assert {"ingest", "validate", "grade", "train@m1", "calibrate", "evaluate", "register"} <= stages, stages
+    assert len({t["pipeline_execution"] for t in tags}) == 1
+    assert all(len(t["git_commit"]) >= 40 for t in tags)
 
 
 def test_push_and_pull_give_byte_identical_splits(tiny_repo, tmp_path):
