@@ -3,6 +3,7 @@
     dvc repro train@m2                       # the pipeline's modules 1 and 2 (or a full repro)
     python -m bench.ceiling                  # every part: about 35 min on the 2-core machine
     python -m bench.ceiling --part m3        # only module 3 variants (about 12 min)
+    python -m bench.ceiling --part distill   # module 1 distilled from plain_large (about 5 min)
 
 Plain PyTorch on cached features. The trained modules before the one under test are frozen (as in
 the pipeline), so their outputs on the training images, and on the same images flipped, are
@@ -23,6 +24,10 @@ Parts:
 - ``joint``: the params' modules 1 and 2 and module 3's cheapest path trained together end to end
   from the raw images (crop and flip as ``train``; the sum of the three exits' losses): if its last
   exit is no better than the sequential one, freezing earlier modules is not what limits.
+- ``distill`` (only when asked): the params' module 1 trained from the raw images with plain
+  cross-entropy and distilled (Hinton et al.: CE mixed with T^2 KL at temperature T) from the run's
+  plain_large baseline (``--baselines``), whose logits on the training images and their mirror
+  images are computed once: can the strongest model that exists before train@m1 lift exit 1?
 
 ``--max-train`` and ``--epochs`` shrink the run for a smoke test (the README says which settings
 its figures used). The result goes to ``docs/results/ceiling.json``.
@@ -44,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.report import report_parts
+from pipeline.baselines import load_baselines, plain_outputs
 from pipeline.config import ModelConfig, load_params
 from pipeline.io import Split, load_split
 from pipeline.models.cost import count_macs
@@ -67,6 +73,27 @@ class Views:
     test: torch.Tensor
     calib_logits: tuple[torch.Tensor, ...] = ()
     test_logits: tuple[torch.Tensor, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Soft:
+    """A teacher's logits on the training images (N, K), as is and flipped (the two cached views),
+    and how much its softened answer weighs: loss = (1 - weight) CE + weight T^2 KL(teacher_T || net_T)."""
+
+    train: torch.Tensor
+    train_flipped: torch.Tensor
+    weight: float
+    temperature: float
+
+
+def soft_loss(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor, weight: float,
+              temperature: float) -> torch.Tensor:
+    """Hinton et al.'s distillation loss: CE on the labels mixed with the KL divergence between the
+    teacher's and the student's softmax at ``temperature`` (scaled by T^2 so its gradient keeps size)."""
+    t = temperature
+    kl = F.kl_div(F.log_softmax(logits / t, dim=-1), F.log_softmax(teacher / t, dim=-1), log_target=True,
+                  reduction="batchmean") * t * t
+    return (1.0 - weight) * F.cross_entropy(logits, labels) + weight * kl
 
 
 def run_batched(net: nn.Module, x: torch.Tensor, batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,8 +128,9 @@ def cosine_lr(base: float, step: int, total: int) -> float:
 
 
 def fit_on_views(net: nn.Module, views: Views, labels: torch.Tensor, epochs: int, shift: int, seed: int,
-                 lr: float = 0.1, batch: int = 128) -> float:
-    """Train ``net`` (forward -> (features, logits)) on cached views; returns the seconds taken."""
+                 lr: float = 0.1, batch: int = 128, soft: Soft | None = None) -> float:
+    """Train ``net`` (forward -> (features, logits)) on cached views, with plain cross-entropy or, given
+    ``soft``, distillation from a teacher's logits on the same view; returns the seconds taken."""
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
     n = len(labels)
     total, step = epochs * (n // batch), 0
@@ -119,7 +147,12 @@ def fit_on_views(net: nn.Module, views: Views, labels: torch.Tensor, epochs: int
             x = random_crop(x, shift, g)
             for group in opt.param_groups:
                 group["lr"] = cosine_lr(lr, step, total)
-            loss = F.cross_entropy(net(x, NO_ARCH)[1], labels[idx])
+            logits = net(x, NO_ARCH)[1]
+            if soft is None:
+                loss = F.cross_entropy(logits, labels[idx])
+            else:
+                teacher = torch.where(view[:, :, 0, 0], soft.train_flipped[idx], soft.train[idx])  # (B, K)
+                loss = soft_loss(logits, labels[idx], teacher, soft.weight, soft.temperature)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -244,9 +277,33 @@ def part_joint(specs: Sequence[ModuleSpec], train: Split, calib: Split, test: Sp
     return [row]
 
 
+def distill_variants(teacher: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Soft | None]:
+    """Part distill: module 1 with plain cross-entropy (the control) and distilled from the teacher."""
+    return {"cross-entropy (control)": None,
+            "distilled from plain_large, weight 0.5, T 4": Soft(*teacher, weight=0.5, temperature=4.0),
+            "distilled from plain_large, weight 0.9, T 4": Soft(*teacher, weight=0.9, temperature=4.0)}
+
+
+def part_distill(spec: ModuleSpec, raw: Views, teacher: tuple[torch.Tensor, torch.Tensor], n_classes: int,
+                 labels: torch.Tensor, y_calib: torch.Tensor, y_test: torch.Tensor, epochs: int, crop: int,
+                 seed: int) -> list[dict]:
+    """Module 1 (the params' spec) trained from the raw images, without and with the teacher."""
+    in_shape = tuple(raw.train.shape[1:])
+    rows = []
+    for name, soft in distill_variants(teacher).items():
+        torch.manual_seed(seed)
+        net = build_module(spec, in_shape[0], n_classes)
+        seconds = fit_on_views(net, raw, labels, epochs, crop, seed, soft=soft)
+        rows.append({"variant": name, "macs": macs(spec, in_shape, n_classes), "epochs": epochs,
+                     "seconds": round(seconds), **evaluate_variant(net, raw, y_calib, y_test)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("m3", "m2", "joint", "all"), default="all")
+    p.add_argument("--part", choices=("m3", "m2", "joint", "all", "distill"), default="all",
+                   help="all = m3, m2 and joint; distill runs only when asked")
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--data", type=Path, default=Path("data/prepared"))
     p.add_argument("--models", type=Path, default=Path("models/modules"),
@@ -254,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=0, help="epochs per module (0: the params' own)")
     p.add_argument("--max-train", type=int, default=0, help="first N training images only (0: all)")
     p.add_argument("--shift", type=int, default=1, help="random feature-map shift, in cells")
+    p.add_argument("--baselines", type=Path, default=Path("models/baselines"),
+                   help="part distill: the teacher (plain_large) comes from here")
     p.add_argument("--out", type=Path, default=Path("docs/results/ceiling.json"))
     args = p.parse_args(argv)
     params = load_params(args.params)
@@ -270,9 +329,22 @@ def main(argv: list[str] | None = None) -> int:
     mean, std = info.mean, info.std
     out: dict = {"settings": {"epochs": epochs_of, "max_train": len(train), "shift": args.shift,
                               "threads": torch.get_num_threads(), "models": str(args.models)}}
-    if args.part in ("m3", "m2", "all"):
+    if args.part in ("m3", "m2", "all", "distill"):
         raw = Views(normalised(train, mean, std), normalised(train, mean, std, flip=True),
                     normalised(calib, mean, std), normalised(test, mean, std))
+    crop = int(params["train"].get("crop_padding", 2))
+    if args.part == "distill":
+        base = load_baselines(args.baselines)
+
+        def teacher_logits(images: np.ndarray) -> torch.Tensor:  # (N, K), the baseline's own normalisation
+            return plain_outputs(base.large, images, base.meta.mean, base.meta.std)[0]
+
+        flipped = np.ascontiguousarray(train.images[..., ::-1])  # (N, C, H, W) mirrored left-right
+        teacher = (teacher_logits(train.images), teacher_logits(flipped))
+        out["teacher"] = {"plain_large test": accuracy(teacher_logits(test.images), y_test)}
+        out["distill"] = part_distill(specs[0], raw, teacher, n_classes, y_train, y_calib, y_test,
+                                      epochs_of[0], crop, seed)
+    if args.part in ("m3", "m2", "all"):
         after_m1 = next_views(m1, raw)
         in2 = tuple(after_m1.train.shape[1:])
     if args.part in ("m3", "all"):
@@ -293,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
                                  y_calib, y_test, 2 * args.shift, seed, then)
     if args.part in ("joint", "all"):
         out["joint"] = part_joint((specs[0], specs[1], small_m3), train, calib, test, mean, std,
-                                  max(epochs_of[:2]), int(params["train"].get("crop_padding", 2)), seed)
-    report_parts(out, ("m3", "m2", "joint"), args.out, args.part)
+                                  max(epochs_of[:2]), crop, seed)
+    report_parts(out, ("m3", "m2", "joint", "distill"), args.out, args.part)
     return 0
 
 
