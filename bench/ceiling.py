@@ -57,7 +57,7 @@ from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
 from pipeline.routing.engine import combine_exits
 from pipeline.train.data import ImageBatches, epoch_seed, random_crop
-from pipeline.train.loop import module_train_config
+from pipeline.train.loop import distillation_loss, module_train_config
 
 DECAYS = (0.25, 0.5)
 
@@ -91,8 +91,7 @@ def soft_loss(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor,
     """Hinton et al.'s distillation loss: CE on the labels mixed with the KL divergence between the
     teacher's and the student's softmax at ``temperature`` (scaled by T^2 so its gradient keeps size)."""
     t = temperature
-    kl = F.kl_div(F.log_softmax(logits / t, dim=-1), F.log_softmax(teacher / t, dim=-1), log_target=True,
-                  reduction="batchmean") * t * t
+    kl = distillation_loss(logits / t, teacher / t) * t * t  # the pipeline's KL, at temperature t
     return (1.0 - weight) * F.cross_entropy(logits, labels) + weight * kl
 
 
