@@ -132,7 +132,7 @@ def update_variants(plain: ModuleSpec, supernet: ModuleSpec) -> dict[str, tuple[
                                                                  "smoothing": 0.005, "beta": 0.0}),
             "rank + paired, smoothing 0.005, plain pick": (supernet, {**base, "utility": "rank",
                                                                      "paired_perf": True, "smoothing": 0.005,
-                                                                     "entropy_selection": False})}
+                                                                     "pick": "plain"})}
 
 
 def part_m2(params, train, calib, scores, shapes, n_classes, mean, std, epochs, seed, paths,

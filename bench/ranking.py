@@ -58,9 +58,11 @@ from pipeline.train.loop import Prefix, TrainConfig, evaluate_path, train_module
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "uniform": {"sampler": "uniform"},
-    "probmodel": {"sampler": "probmodel", "entropy_selection": True},  # beta: --beta (params' value)
-    "probmodel_beta0": {"sampler": "probmodel", "entropy_selection": True, "beta": 0.0},
-    "probmodel_noentropy": {"sampler": "probmodel", "entropy_selection": False},
+# The README's table was measured with the first (greedy pool) entropy pick: ``pick: greedy`` here.
+    "probmodel": {"sampler": "probmodel", "pick": "greedy"},  # beta: --beta (params' value)
+    "probmodel_beta0": {"sampler": "probmodel", "pick": "greedy", "beta": 0.0},
+    "probmodel_noentropy": {"sampler": "probmodel", "pick": "plain"},
+    "probmodel_hypercube": {"sampler": "probmodel", "pick": "entropy"},
 }
 
 # Default run (about 15 minutes on 2 shared cores) and --quick (plumbing check); explicit flags win.
@@ -247,7 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         t1 = time.perf_counter()
         inherited = [held_out_acc(supernet, a) for a in subnets]
         row: dict[str, Any] = {"variant": name, "sampler": vcfg.sampler,
-                               "entropy_selection": vcfg.entropy_selection,
+                               "pick": vcfg.pick,
                                "beta": vcfg.beta if vcfg.sampler == "probmodel" else None,
                                "train_seconds": round(seconds, 1),
                                "steps": vcfg.epochs * max(1, len(train) // vcfg.batch_size),

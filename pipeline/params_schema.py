@@ -40,6 +40,7 @@ OPS = ("conv3", "conv5", "dw3", "dw5", "ir3_e3", "ir3_e6", "ir5_e3", "ir5_e6", "
 SCHEDULES = ("cosine", "step", "constant")  # pipeline.train.loop.SCHEDULES
 SAMPLERS = ("uniform", "probmodel")  # pipeline.train.loop.SAMPLERS
 UTILITIES = ("rank", "elite", "softmax")  # pipeline.search.probmodel.UTILITIES
+PICKS = ("entropy", "greedy", "plain")  # pipeline.search.probmodel.PICKS
 CONFIDENCES = ("maxprob", "margin")  # pipeline.models.modules.CONFIDENCE_KINDS
 REFERENCES = ("last", "best")  # pipeline.routing.calibration.REFERENCES
 SELECT_MODES = ("predictor", "testset")  # stages.select.MODES
@@ -264,7 +265,7 @@ TRAIN = {
     "label_smoothing": Number(ge=0, lt=1, default=0.0),
     "sampler": Str(choices=SAMPLERS, default="probmodel"),
     "m": Int(ge=1, default=4),
-    "entropy_selection": Bool(default=True),
+    "pick": Str(choices=PICKS, default="entropy"),
     "pool_factor": Int(ge=1, default=8),
     "temperature": Number(gt=0, default=0.1),
     "smoothing": Number(ge=0, default=0.05),

@@ -256,6 +256,7 @@ def test_schema_enums_match_the_library():
         HEADS,
         KINDS,
         OPS,
+        PICKS,
         REFERENCES,
         SAMPLERS,
         SCHEDULES,
@@ -269,7 +270,7 @@ def test_schema_enums_match_the_library():
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS
     assert CONFIDENCES == modules.CONFIDENCE_KINDS and REFERENCES == calibration.REFERENCES
     assert SCHEDULES == loop.SCHEDULES and SAMPLERS == loop.SAMPLERS and SELECT_MODES == select.MODES
-    assert UTILITIES == loop.UTILITIES
+    assert UTILITIES == loop.UTILITIES and PICKS == loop.PICKS
 
 
 def test_schema_keys_match_the_typed_configs():

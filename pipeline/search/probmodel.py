@@ -1,6 +1,7 @@
 """Method B's probability model over a search space, and the search built on it.
 
-One categorical per decision. Each iteration picks m subnets from P(i-1) (entropy-maximising pick),
+One categorical per decision. Each iteration picks m subnets from P(i-1) (entropy-maximising pick:
+a Latin-hypercube draw),
 scores them, and fits P(i) by maximum likelihood as performance-weighted choice frequencies. For a
 supernet, the weights get an extra loss ``beta / (MI(P(i-1), P(i)) + eps)`` whose gradient reaches
 the weights through perf -> MLE weights -> P(i); so probabilities stay torch tensors throughout.
@@ -113,6 +114,39 @@ class ProbModel:
         columns = [rng.choice(p.shape[0], size=n, p=_numpy_probs(p)) for p in self.table]
         return np.stack(columns, axis=1) if columns else np.zeros((n, 0), dtype=np.int64)
 
+    def sample_hypercube(self, k: int, rng: np.random.Generator,
+                            max_tries: int | None = None) -> list[Arch]:
+        """Up to k distinct archs from a Latin-hypercube draw of P (:meth:`_stratified_index`),
+        topped up with plain distinct draws where the hypercube repeats an arch (a concentrated P)."""
+        return [self.space.from_index(row) for row in self._stratified_distinct_index(k, rng, max_tries)]
+
+    def _stratified_index(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """(n, n_decisions) choice indices of a Latin-hypercube draw: per decision, a systematic sample
+        of n points of its marginal (choice c appears floor(n P(c)) or ceil(n P(c)) times), each
+        column shuffled on its own. Every row is still marginally a draw of P (no bias for the MLE);
+        the n rows together cover each decision's choices as evenly as P allows."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        columns = []
+        for p in self.table:
+            cdf = np.cumsum(_numpy_probs(p))
+            points = (rng.random() + np.arange(n)) / max(n, 1)
+            picks = np.minimum(np.searchsorted(cdf, points * cdf[-1], side="right"), p.shape[0] - 1)
+            columns.append(rng.permutation(picks))
+        return np.stack(columns, axis=1) if columns else np.zeros((n, 0), dtype=np.int64)
+
+    def _stratified_distinct_index(self, k: int, rng: np.random.Generator,
+                                   max_tries: int | None) -> list[tuple[int, ...]]:
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        kept: dict[tuple[int, ...], None] = dict.fromkeys(tuple(r) for r in self._stratified_index(k, rng).tolist())
+        if len(kept) < min(k, self.space.size()):
+            for row in self._distinct_index(k, rng, max_tries):
+                if len(kept) >= k:
+                    break
+                kept.setdefault(row, None)
+        return list(kept)[:k]
+
     def _distinct_index(self, k: int, rng: np.random.Generator,
                         max_tries: int | None) -> list[tuple[int, ...]]:
         """Choice indices behind :meth:`sample_distinct` (entropy_pick works on these directly)."""
@@ -192,15 +226,34 @@ def pool_size(model: ProbModel, m: int, pool_factor: int, shrink: bool = True) -
     return m + int(round((pool_factor - 1) * m * ratio))
 
 
-def entropy_pick(model: ProbModel, m: int, rng: np.random.Generator, pool_factor: int = 8,
-                 max_tries: int | None = None, shrink: bool = True) -> list[Arch]:
-    """m distinct subnets from a pool of :func:`pool_size` draws of P, chosen for choice entropy.
+PICKS = ("entropy", "greedy", "plain")
 
-    Spreads the evaluations over the choices, so each choice's MLE frequency rests on more samples;
-    the pool shrinks with P's entropy, so the spread never undoes the concentration the MLE built
-    (a fixed pool, ``shrink=False``, is the original rule: about 5x the evaluations of a plain draw
-    on the synthetic benchmark). Returns fewer than m only when the pool itself is smaller (small
-    space or concentrated P).
+
+def entropy_pick(model: ProbModel, m: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:
+    """The entropy-maximising pick: m distinct subnets from a Latin-hypercube draw of P.
+
+    Per decision the m choices are a systematic sample of P's marginal, so each choice appears
+    floor(m P(c)) or ceil(m P(c)) times: the kept set's choice histograms are as even as P allows
+    (at a uniform P every histogram is as flat as m allows, the maximum of the summed choice
+    entropy), while every pick is still marginally a draw of P, so the MLE that follows is not
+    pulled back towards uniform (the greedy pool rule, :func:`greedy_pick`, is; README "Method B on
+    its own"). Returns fewer than m only where P's support has fewer distinct subnets.
+    """
+    if m < 0:
+        raise ValueError(f"m must be >= 0, got {m}")
+    return model.sample_hypercube(m, rng, max_tries)
+
+
+def greedy_pick(model: ProbModel, m: int, rng: np.random.Generator, pool_factor: int = 8,
+                max_tries: int | None = None, shrink: bool = True) -> list[Arch]:
+    """The first entropy pick (DESIGN.md's rule), kept as an ablation: m distinct subnets from a pool
+    of :func:`pool_size` draws of P, kept greedily for the summed choice entropy of the kept set.
+
+    Spreads the evaluations over the choices, but the kept set over-represents P's rare choices, so
+    the MLE is biased towards uniform; the pool shrinks with P's entropy to limit that (a fixed
+    pool, ``shrink=False``, is the original rule: about 5x the evaluations of a plain draw on the
+    synthetic benchmark). Returns fewer than m only when the pool itself is smaller (small space or
+    concentrated P).
     """
     if m < 0 or pool_factor < 1:
         raise ValueError(f"need m >= 0 and pool_factor >= 1, got m={m}, pool_factor={pool_factor}")
@@ -217,6 +270,19 @@ def plain_pick(model: ProbModel, m: int, rng: np.random.Generator,
     if m < 0:
         raise ValueError(f"m must be >= 0, got {m}")
     return model.sample_distinct(m, rng, max_tries)
+
+
+def pick_archs(model: ProbModel, m: int, rng: np.random.Generator, pick: str = "entropy",
+               pool_factor: int = 8, shrink: bool = True) -> list[Arch]:
+    """One iteration's m subnets by rule ``pick`` (one of :data:`PICKS`); ``pool_factor`` and
+    ``shrink`` only matter to ``greedy``."""
+    if pick == "entropy":
+        return entropy_pick(model, m, rng)
+    if pick == "greedy":
+        return greedy_pick(model, m, rng, pool_factor, shrink=shrink)
+    if pick == "plain":
+        return plain_pick(model, m, rng)
+    raise ValueError(f"pick must be one of {PICKS}, got {pick!r}")
 
 
 def final_pick(model: ProbModel, k: int, rng: np.random.Generator,

@@ -35,11 +35,11 @@ from pipeline.device import autocast
 from pipeline.io import atomic_path
 from pipeline.models.modules import NO_ARCH, SupernetModule, confidence, eval_mode
 from pipeline.search.probmodel import (
+    PICKS,
     UTILITIES,
     ProbModel,
-    entropy_pick,
     model_mi,
-    plain_pick,
+    pick_archs,
     supernet_step_loss,
 )
 from pipeline.search.space import Arch, SearchSpace
@@ -83,7 +83,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     sampler: str = "probmodel"
     m: int = 4  # subnets per step (the batch is split into m chunks)
-    entropy_selection: bool = True
+    pick: str = "entropy"  # method B's m subnets per step: entropy (Latin hypercube) | greedy | plain
     pool_factor: int = 8
     temperature: float = 0.1
     smoothing: float = 0.05
@@ -105,6 +105,9 @@ class TrainConfig:
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:
         """Build from plain params; unknown keys are an error, not ignored."""
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if "entropy_selection" in unknown:
+            raise ValueError(f"TrainConfig: entropy_selection was replaced by pick, one of {PICKS} "
+                             "(true = greedy, the old pool rule; false = plain)")
         if unknown:
             raise ValueError(f"TrainConfig: unknown keys {unknown}")
         return cls(**d)
@@ -140,7 +143,7 @@ def _config_problems(c: TrainConfig) -> Iterator[str]:
         ("label_smoothing", _is_number(c.label_smoothing) and 0 <= c.label_smoothing < 1, "in [0, 1)"),
         ("sampler", c.sampler in SAMPLERS, f"one of {SAMPLERS}"),
         ("m", _is_int(c.m) and 1 <= c.m <= c.batch_size, "an int in [1, batch_size]"),
-        ("entropy_selection", isinstance(c.entropy_selection, bool), "a bool"),
+        ("pick", c.pick in PICKS, f"one of {PICKS}"),
         ("pool_factor", _is_int(c.pool_factor) and c.pool_factor >= 1, "an int >= 1"),
         ("temperature", _is_number(c.temperature) and c.temperature > 0, "a number > 0"),
         ("smoothing", _is_number(c.smoothing) and c.smoothing >= 0, "a number >= 0"),
@@ -277,9 +280,7 @@ def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch,
 
 
 def _pick(cfg: TrainConfig, model: ProbModel, rng: np.random.Generator) -> list[Arch]:
-    if cfg.sampler == "probmodel" and cfg.entropy_selection:
-        return entropy_pick(model, cfg.m, rng, cfg.pool_factor)
-    return plain_pick(model, cfg.m, rng)
+    return pick_archs(model, cfg.m, rng, cfg.pick if cfg.sampler == "probmodel" else "plain", cfg.pool_factor)
 
 
 @dataclass

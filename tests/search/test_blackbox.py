@@ -153,7 +153,7 @@ def test_small_space_is_exhausted(space: SearchSpace) -> None:
 
 
 @pytest.mark.parametrize("kwargs", [{"budget": -1}, {"budget": 2.5}, {"budget": True}, {"budget": 5, "m": 0},
-                                    {"budget": 5, "pick": "greedy"}, {"budget": 5, "utility": "z"}])
+                                    {"budget": 5, "pick": "best"}, {"budget": 5, "utility": "z"}])
 def test_bad_arguments_raise(space: SearchSpace, kwargs) -> None:
     with pytest.raises((ValueError, TypeError)):
         result = search(space, score(space), **kwargs)

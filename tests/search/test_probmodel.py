@@ -12,6 +12,8 @@ from pipeline.search.probmodel import (
     ProbModel,
     choice_entropy,
     entropy_pick,
+    greedy_pick,
+    pick_archs,
     final_pick,
     gaussian_mi,
     mi_loss,
@@ -126,13 +128,13 @@ def test_mle_rejects_bad_input(small_space: SearchSpace, kwargs: dict) -> None:
 # --- entropy-maximising pick -----------------------------------------------------------------------
 
 
-def test_entropy_pick_beats_plain_sampling(grid_space: SearchSpace) -> None:
+def test_greedy_pick_beats_plain_sampling(grid_space: SearchSpace) -> None:
     rng = np.random.default_rng(3)
     logits = [torch.as_tensor(rng.normal(size=5)) for _ in range(6)]
     for model in (ProbModel.uniform(grid_space), ProbModel.from_logits(grid_space, logits)):
         picked_h, plain_h = [], []
         for seed in range(20):
-            picked = entropy_pick(model, 10, np.random.default_rng(seed))
+            picked = greedy_pick(model, 10, np.random.default_rng(seed))
             plain = plain_pick(model, 10, np.random.default_rng(seed))
             assert len(picked) == len(set(picked)) == 10 == len(plain)
             picked_h.append(choice_entropy(grid_space, picked))
@@ -140,12 +142,59 @@ def test_entropy_pick_beats_plain_sampling(grid_space: SearchSpace) -> None:
         assert np.mean(picked_h) > np.mean(plain_h) + 0.5  # nats, summed over 6 decisions
 
 
-def test_entropy_pick_small_space_returns_what_exists(small_space: SearchSpace) -> None:
-    picked = entropy_pick(ProbModel.uniform(small_space), 10, np.random.default_rng(0))
+@pytest.mark.parametrize("pick", [entropy_pick, greedy_pick])
+def test_picks_on_a_small_space_return_what_exists(small_space: SearchSpace, pick) -> None:
+    picked = pick(ProbModel.uniform(small_space), 10, np.random.default_rng(0))
     assert sorted(a.key() for a in picked) == sorted(a.key() for a in small_space.enumerate())
     # a perfectly balanced pick of 2 from the full space: both decisions split evenly
-    two = entropy_pick(ProbModel.uniform(small_space), 2, np.random.default_rng(0))
+    two = pick(ProbModel.uniform(small_space), 2, np.random.default_rng(0))
     assert choice_entropy(small_space, two) == pytest.approx(2 * math.log(2))
+
+
+def test_entropy_pick_is_the_most_even_pick_at_a_uniform_model(grid_space: SearchSpace) -> None:
+    """At a uniform P every decision's histogram of 10 picks over 5 choices is 2/2/2/2/2: the
+    maximum of the summed choice entropy, every time (the greedy pool and plain draws fall short)."""
+    model = ProbModel.uniform(grid_space)
+    for seed in range(10):
+        picked = entropy_pick(model, 10, np.random.default_rng(seed))
+        assert len(set(picked)) == 10
+        assert choice_entropy(grid_space, picked) == pytest.approx(6 * math.log(5))
+        assert choice_entropy(grid_space, plain_pick(model, 10, np.random.default_rng(seed))) < 6 * math.log(5)
+
+
+def test_entropy_pick_follows_the_model_without_bias(grid_space: SearchSpace) -> None:
+    """Each decision's histogram of m picks has floor or ceil of m P(c) of choice c, so the choice
+    frequencies match P (no pull towards uniform, unlike the greedy pool), and are more even than
+    plain draws of P."""
+    rng = np.random.default_rng(11)
+    model = ProbModel.from_logits(grid_space, [torch.as_tensor(2 * rng.normal(size=5)) for _ in range(6)])
+    idx = model._stratified_index(16, np.random.default_rng(0))
+    for j, p in enumerate(model.table):
+        counts = np.bincount(idx[:, j], minlength=5)
+        expected = 16 * p.numpy()
+        assert np.all(counts >= np.floor(expected) - 1e-9) and np.all(counts <= np.ceil(expected) + 1e-9)
+    freq = {k: np.zeros(5) for k in ("entropy", "greedy")}
+    ent = {k: [] for k in ("entropy", "plain")}
+    for seed in range(300):
+        r = np.random.default_rng(seed)
+        for k, archs in (("entropy", entropy_pick(model, 8, r)), ("greedy", greedy_pick(model, 8, r, 4))):
+            freq[k] += np.bincount([grid_space.index(a)[0] for a in archs], minlength=5)
+        for k, fn in (("entropy", entropy_pick), ("plain", plain_pick)):
+            ent[k].append(choice_entropy(grid_space, fn(model, 8, np.random.default_rng(10_000 + seed))))
+    p0 = model.table[0].numpy()
+    err = {k: np.abs(f / f.sum() - p0).sum() for k, f in freq.items()}
+    assert err["entropy"] < 0.05 < err["greedy"]
+    assert np.mean(ent["entropy"]) > np.mean(ent["plain"])
+
+
+def test_pick_archs_dispatches_and_rejects_unknown_rules(grid_space: SearchSpace) -> None:
+    model = ProbModel.uniform(grid_space)
+    for rule, fn in (("entropy", entropy_pick), ("plain", plain_pick)):
+        assert pick_archs(model, 6, np.random.default_rng(1), rule) == fn(model, 6, np.random.default_rng(1))
+    assert pick_archs(model, 6, np.random.default_rng(1), "greedy", 4) == greedy_pick(
+        model, 6, np.random.default_rng(1), 4)
+    with pytest.raises(ValueError, match="pick must be one of"):
+        pick_archs(model, 6, np.random.default_rng(1), "best")
 
 
 # --- mutual information ----------------------------------------------------------------------------

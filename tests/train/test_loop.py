@@ -141,9 +141,9 @@ def test_probmodel_sampler_records_finite_mi_and_moving_entropy() -> None:
 
 
 @pytest.mark.parametrize("sampler", ["uniform", "probmodel"])
-@pytest.mark.parametrize("entropy_selection", [True, False])
-def test_both_samplers_run(sampler: str, entropy_selection: bool) -> None:
-    modules, prefix, result = train(1, cfg(epochs=1, sampler=sampler, entropy_selection=entropy_selection,
+@pytest.mark.parametrize("pick", ["entropy", "greedy", "plain"])
+def test_both_samplers_run(sampler: str, pick: str) -> None:
+    modules, prefix, result = train(1, cfg(epochs=1, sampler=sampler, pick=pick,
                                            label_smoothing=0.1, schedule="step", warmup_epochs=0.5))
     assert len(result.history) == 1 and math.isfinite(result.history[0]["loss"])
     if sampler == "uniform":
@@ -284,9 +284,12 @@ def test_sandwich_is_deterministic_and_never_feeds_the_mle() -> None:
     a, _, ra = train(1, cfg(sandwich=True, distill=0.5))
     b, _, rb = train(1, cfg(sandwich=True, distill=0.5))
     assert_bitwise_equal(state(a[1]), state(b[1]))
-    plain, _, rp = train(1, cfg())
-    # P(1) is fitted from the first step's picks alone: identical whether or not the sandwich ran.
-    assert ra.iterations[0]["most_likely"] == rp.iterations[0]["most_likely"]
+    # P(1) is fitted from the first step's picks alone: identical whether or not the sandwich ran
+    # (raw perf on both sides: paired perf would subtract the sandwich's largest-path CE).
+    _, _, rs = train(1, cfg(sandwich=True, distill=0.5, paired_perf=False))
+    plain, _, rp = train(1, cfg(paired_perf=False))
+    assert rs.iterations[0]["most_likely"] == rp.iterations[0]["most_likely"]
+    assert rs.iterations[0]["entropy"] == pytest.approx(rp.iterations[0]["entropy"])
 
 
 def test_distillation_loss_is_zero_for_identical_logits_and_positive_otherwise() -> None:
