@@ -6,9 +6,10 @@ Benchmarks (each repeated over seeds; a miss within the budget counts as the bud
   tabular:<name>                        NAS-Bench-Graph (pip package nas-bench-graph, offline; 5 decisions
                                         of 9 choices, 26,206 networks), every encoding scored as its network
   tabular raw keys:<name>               the same, only the table's own keys valid (56% of points invalid)
-Methods: ours (the default of pipeline.search.search: rank utilities, plain pick, restarts), ours
-with the entropy-maximising pick (pool shrinking with P's entropy, and fixed), the original update
-(softmax(perf / T) on raw scores, T 0.2, fixed entropy pool, no restarts: the brief's first build),
+Methods: ours (the default of pipeline.search.search: rank utilities, the entropy-maximising
+Latin-hypercube pick, restarts), ours with plain draws of P, ours with the first entropy pick (greedy
+over a pool of draws, the pool shrinking with P's entropy, and fixed), the original update
+(softmax(perf / T) on raw scores, T 0.2, fixed greedy pool, no restarts: the brief's first build),
 random search, and a plain estimation-of-distribution baseline (50 plain draws, the best quarter,
 mixed in at rate 0.1).
 
@@ -37,11 +38,12 @@ Runner = Callable[[SearchSpace, Callable[[Arch], Any], int, int], SearchResult]
 
 METHODS: dict[str, Runner] = {
     "ours (default)": lambda s, f, b, seed: search(s, f, budget=b, seed=seed),
-    "ours, entropy pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="entropy"),
-    "ours, entropy pick, fixed pool": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="entropy",
-                                                                  shrink_pool=False),
+    "ours, plain pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="plain"),
+    "ours, greedy pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="greedy"),
+    "ours, greedy pick, fixed pool": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="greedy",
+                                                                 shrink_pool=False),
     "original (softmax T=0.2)": lambda s, f, b, seed: search(
-        s, f, budget=b, seed=seed, m=16, pick="entropy", utility="softmax", temperature=0.2, smoothing=0.1,
+        s, f, budget=b, seed=seed, m=16, pick="greedy", utility="softmax", temperature=0.2, smoothing=0.1,
         step=0.5, pool_factor=8, shrink_pool=False, restart_after=None),
     "random search": lambda s, f, b, seed: random_search(s, f, budget=b, seed=seed),
     "EDA (50, best 1/4, 0.1)": lambda s, f, b, seed: search(
