@@ -13,13 +13,16 @@ over a pool of draws, the pool shrinking with P's entropy, and fixed), the origi
 random search, and a plain estimation-of-distribution baseline (50 plain draws, the best quarter,
 mixed in at rate 0.1).
 
-Run from the repository root: ``python -m bench.search_methods --repeats 30``.
+Run from the repository root: ``python -m bench.search_methods --repeats 30``. Medians of these
+heavy-tailed counts move a lot between seeds; ``--pool a.json b.json`` pools the raw counts of runs
+made with different ``--seed`` (and ``--out``) and prints median, mean and the ratio to a reference.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 import time
 from collections.abc import Callable
@@ -129,6 +132,25 @@ def table(rows: list[Row]) -> str:
     return "\n".join([head, *lines])
 
 
+def pool_runs(files: list[Path], reference: str = "ours, plain pick") -> list[dict[str, Any]]:
+    """Pool the raw counts of several ``--out`` files (runs with different ``--seed``) per benchmark and
+    method: the median and mean over every run, and the median's ratio to ``reference``'s."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for f in files:
+        data = json.loads(Path(f).read_text())
+        budget = data["settings"]["budget"]
+        for bench_name, methods in data["hits"].items():
+            for method, hits in methods.items():
+                counts.setdefault((bench_name, method), []).extend(budget if h is None else h for h in hits)
+    rows = []
+    for (bench_name, method), c in counts.items():
+        ref = counts.get((bench_name, reference))
+        rows.append({"benchmark": bench_name, "method": method, "runs": len(c), "median": statistics.median(c),
+                     "mean": statistics.fmean(c),
+                     "median_vs_reference": statistics.median(c) / statistics.median(ref) if ref else None})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=30, help="objectives (synthetic) or seeds (tabular)")
@@ -142,7 +164,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tabular-raw", nargs="*", default=["nbg-cora"],
                    help="NAS-Bench-Graph datasets scored on the table's own keys only (others invalid)")
     p.add_argument("--out", type=Path, help="optional JSON file for settings, table rows and raw counts")
+    p.add_argument("--pool", type=Path, nargs="+", metavar="JSON",
+                   help="no search: pool the raw counts of earlier --out files (different --seed) and print them")
+    p.add_argument("--reference", default="ours, plain pick", help="--pool: the method medians are divided by")
     args = p.parse_args(argv)
+    if args.pool:
+        print("| benchmark | method | runs | median evals | mean | median / reference |\n"
+              "| --- | --- | ---: | ---: | ---: | ---: |")
+        for r in pool_runs(args.pool, args.reference):
+            ratio = "" if r["median_vs_reference"] is None else f"{r['median_vs_reference']:.2f}"
+            print(f"| {r['benchmark']} | {r['method']} | {r['runs']} | {r['median']:.0f} | {r['mean']:.0f} | {ratio} |")
+        return
     methods = {k: v for k, v in METHODS.items() if args.methods is None or k in args.methods}
     problems: dict[str, Callable[[], list[Problem]]] = {
         name: (lambda s=s, o=o: synthetic_problems(s, o, args.repeats, args.seed)) for name, (s, o) in SCALES.items()}
