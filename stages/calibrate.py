@@ -2,7 +2,9 @@
 accuracy within `delta` of sending every image to the last exit (or, in budget mode, the best
 accuracy with average MACs at most the budget). Writes the deployable cascade (model directory)
 for the selected routing and, as baselines, for static calib-set selection (claim 8) and for the
-fixed cascade (every supernet on its default path, no predictor), all calibrated by the same rule.
+fixed cascade (every supernet on its default path, no predictor), all calibrated by the same rule;
+and the fixed cascade once more in budget mode, held to the selected cascade's mean MACs on calib
+(the "at equal MACs" comparison of issue 9).
 Each also gets its exit ensemble: for every decay in `calibrate.ensemble_decays` the thresholds are
 fitted with exits answering by the decay-weighted mean of their and the earlier exits' log-probabilities
 (free: an image at exit k has passed exits 1..k-1), and the decay whose cascade is best on calib is kept."""
@@ -36,6 +38,16 @@ def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]
     return out
 
 
+def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, fit_cfg: dict,
+             params: dict) -> tuple[list[Stage], CascadeMeta]:
+    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage) of one routing."""
+    info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
+            "params": {"calibrate": fit_cfg, "modules": params["modules"], "train": params["train"]}}
+    meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind,
+                       info=info, ensemble_decay=res["ensemble_decay"])
+    return with_thresholds(stages, res["thresholds"]), meta
+
+
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("calibrate", __doc__)
@@ -46,6 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-testset", type=Path, required=True, help="model directory of the calib-set-selection baseline")
     p.add_argument("--out-fixed", type=Path, required=True,
                    help="model directory of the fixed-path baseline (every supernet on its default path)")
+    p.add_argument("--out-fixed-at-macs", type=Path, required=True,
+                   help="model directory of the fixed-path baseline calibrated in budget mode at the "
+                        "selected cascade's mean MACs on calib (the comparison at equal MACs)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--plots", type=Path, required=True, help="plots directory (the threshold sweep)")
     args = p.parse_args(argv)
@@ -69,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     results, packages = {}, {}
     with stage_run("calibrate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"calibrate": cfg, "confidence": kind}) as run:
+        fixed_outputs = None
         for routing, out in (("selected", args.out), ("testset", args.out_testset), ("default", args.out_fixed)):
             stages, infos = load_stages(args.models, costs, routing=routing)
             stages = stages_to(stages, device)
@@ -77,13 +93,18 @@ def main(argv: list[str] | None = None) -> None:
             x, y = preprocess(calib.images, cmeta).to(device), torch.from_numpy(calib.labels)
             with autocast(device, compute.precision):
                 logits, cum = exit_outputs(stages, x, kind)
-            res = fit_best_ensemble(logits, cum, y, cfg, kind)
-            results[routing] = res
-            info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
-                    "params": {"calibrate": cfg, "modules": params["modules"], "train": params["train"]}}
-            packages[routing] = (out, with_thresholds(stages, res["thresholds"]),
-                                 CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, kind, info=info,
-                                             ensemble_decay=res["ensemble_decay"]))
+            results[routing] = fit_best_ensemble(logits, cum, y, cfg, kind)
+            packages[routing] = (out, *packaged(stages, cmeta, results[routing], routing, cfg, params))
+            if routing == "default":
+                fixed_outputs = (stages, cmeta, logits, cum, y)
+        # The fixed cascade held to the selected cascade's cost on calib: its best exit rule within that
+        # budget, so the two can be compared at equal MACs rather than at each one's own operating point.
+        stages, cmeta, logits, cum, y = fixed_outputs
+        budget_cfg = {**cfg, "mode": "budget", "budget_macs": results["selected"]["mean_macs"]}
+        results["default_at_cascade_macs"] = fit_best_ensemble(logits, cum, y, budget_cfg, kind)
+        packages["default_at_cascade_macs"] = (
+            args.out_fixed_at_macs, *packaged(stages, cmeta, results["default_at_cascade_macs"], "default",
+                                              budget_cfg, params))
         for out, stages, cmeta in packages.values():
             save_cascade(out, stages, cmeta)
         metrics = {routing: {k: v for k, v in res.items() if k != "sweep"} for routing, res in results.items()}

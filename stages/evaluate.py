@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model-testset", type=Path, required=True, help="calib-set-selection cascade")
     p.add_argument("--model-fixed", type=Path, required=True,
                    help="fixed-path cascade (supernets on their default path, no predictors)")
+    p.add_argument("--model-fixed-at-macs", type=Path, required=True,
+                   help="the fixed-path cascade calibrated at the selected cascade's mean MACs on calib")
     p.add_argument("--baselines", type=Path, required=True, help="plain CNN baselines (written by the baselines stage)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--headline", type=Path, default=None,
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     test = load_split(args.data, "test")
     main_model, testset_model = load_cascade(args.model, device), load_cascade(args.model_testset, device)
     fixed_model, plain = load_cascade(args.model_fixed, device), load_baselines(args.baselines)
+    fixed_at_macs = load_cascade(args.model_fixed_at_macs, device)
     to_device((plain.small, plain.large), device)
     meta = main_model.meta
     kind, n_classes = meta.confidence_kind, len(meta.classes)
@@ -135,13 +138,20 @@ def main(argv: list[str] | None = None) -> None:
         curve_fixed = budget_curve(f_exits["_conf"], f_exits["_correct"], f_exits["_cum"])
         fixed = cascade_summary(run_cascade(fixed_model.stages, x, confidence_kind=kind, batch_size=256,
                                             ensemble_decay=f_decay), y, n_classes, None)
+        a_decay = fixed_at_macs.meta.ensemble_decay
+        fixed_at = cascade_summary(run_cascade(fixed_at_macs.stages, x, confidence_kind=kind, batch_size=256,
+                                               ensemble_decay=a_decay), y, n_classes, None)
         results["baselines"] = {
             **evaluate_baselines(plain, test.images, y),
             "fixed_cascade": {"accuracy": fixed["accuracy"], "mean_macs": fixed["mean_macs"],
                               "exit_share": fixed["exit_share"],
                               "thresholds": [s.threshold for s in fixed_model.stages[:-1]],
                               "ensemble_decay": f_decay,
-                              "each_exit": f_exits["exits"]}}
+                              "each_exit": f_exits["exits"]},
+            "fixed_cascade_at_cascade_macs": {
+                "accuracy": fixed_at["accuracy"], "mean_macs": fixed_at["mean_macs"],
+                "exit_share": fixed_at["exit_share"],
+                "thresholds": [s.threshold for s in fixed_at_macs.stages[:-1]], "ensemble_decay": a_decay}}
         curve_two_cnn = two_cnn_budget_curve(plain, test.images, y)
         results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind, decay=decay)
         for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static",
@@ -178,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             pd.DataFrame(results["each_exit"]).to_csv(tmp / "anytime.csv", index=False)
             b = results["baselines"]
             points = {"cascade (calibrated)": cascade, "fixed cascade (calibrated)": b["fixed_cascade"],
+                      "fixed cascade at the cascade's MACs": b["fixed_cascade_at_cascade_macs"],
                       "two plain CNNs (calibrated)": b["two_cnn_cascade"], "plain small CNN": b["plain_small"],
                       "plain large CNN": b["plain_large"], "largest static": big, "oracle": exits["oracle"]}
             budget_plot(tmp / "budget_curve.png", curves, points)

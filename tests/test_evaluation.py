@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from pipeline.evaluation import budget_curve, cascade_summary, target_checks
+from pipeline.evaluation import budget_curve, cascade_summary, target_checks, vs_fixed_cascade
 from pipeline.routing.engine import CascadeOutput
 
 
@@ -47,3 +47,14 @@ def test_target_checks_read_each_target_off_the_results():
     assert not worse["cascade_accuracy_ge_0.93"]["met"]
     assert not worse["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]["met"]
     assert not worse["vs_two_cnn_cascade_le_0.5x_macs_at_ge_accuracy"]["met"]
+
+
+def test_vs_fixed_cascade_reads_the_fixed_cascade_held_to_the_cascades_macs():
+    point = lambda a, m: {"accuracy": a, "mean_macs": m}  # noqa: E731
+    cascade, own = point(0.9264, 2.52e6), point(0.9227, 2.46e6)  # +0.37 pt, but at 1.02x the fixed MACs
+    assert not vs_fixed_cascade(cascade, own, None)["met"]
+    matched = vs_fixed_cascade(cascade, own, point(0.9230, 2.50e6))  # the fixed cascade at the same cost
+    assert matched["met"] and abs(matched["measured_at_equal_macs"][0] - 0.0034) < 1e-9
+    assert not vs_fixed_cascade(cascade, own, point(0.9240, 2.50e6))["met"]  # only +0.24 pt at equal MACs
+    assert not vs_fixed_cascade(cascade, own, point(0.9200, 2.30e6))["met"]  # not equal MACs: 1.10x
+    assert vs_fixed_cascade(point(0.93, 2.0e6), point(0.93, 2.6e6), None)["met"]  # equal accuracy at 0.77x

@@ -66,6 +66,23 @@ def test_calibrate_keeps_the_exit_ensemble_best_on_calib(tiny_repo, tmp_path):
     assert chosen["thresholds"] == calibrate["thresholds"]
 
 
+def test_fixed_cascade_is_also_held_to_the_cascades_macs(tiny_repo):
+    """calibrate fits the fixed cascade once more in budget mode at the selected cascade's calib MACs;
+    evaluate runs that model and reads the equal-MACs target off it."""
+    calibrate = json.loads((tiny_repo / "metrics/calibrate.json").read_text())
+    matched, selected, own = calibrate["default_at_cascade_macs"], calibrate["selected"], calibrate["default"]
+    assert matched["mean_macs"] <= selected["mean_macs"] + 1e-6
+    if own["mean_macs"] <= selected["mean_macs"]:  # its own operating point fits the budget: never worse
+        assert matched["accuracy"] >= own["accuracy"]
+    manifest = json.loads((tiny_repo / "models/cascade_fixed_at_macs/cascade.json").read_text())
+    assert manifest["meta"]["ensemble_decay"] == matched["ensemble_decay"]
+    evaluate = json.loads((tiny_repo / "metrics/evaluate.json").read_text())
+    row = evaluate["baselines"]["fixed_cascade_at_cascade_macs"]
+    assert row["thresholds"] == pytest.approx(matched["thresholds"])
+    check = evaluate["targets"]["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]
+    assert check["measured_at_equal_macs"][0] == pytest.approx(evaluate["cascade"]["accuracy"] - row["accuracy"])
+
+
 def test_four_module_cascade_by_params_only(tiny_repo):
     """The shared repo is the tiny profile plus an m4 in params (conftest.add_fourth_module): every
     stage ran for it with dvc.yaml untouched, and the cascade has four exits."""
