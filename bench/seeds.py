@@ -29,7 +29,7 @@ FIGURES = {
     "last exit accuracy": lambda m: m["each_exit"][-1]["accuracy"],
     "fixed cascade accuracy": lambda m: m["baselines"]["fixed_cascade"]["accuracy"],
     "fixed cascade mean MACs": lambda m: m["baselines"]["fixed_cascade"]["mean_macs"],
-    "fixed cascade at the cascade's MACs accuracy":
+    "fixed at equal MACs accuracy":
         lambda m: m["baselines"].get("fixed_cascade_at_cascade_macs", {}).get("accuracy", float("nan")),
     "two-CNN cascade accuracy": lambda m: m["baselines"]["two_cnn_cascade"]["accuracy"],
     "two-CNN cascade mean MACs": lambda m: m["baselines"]["two_cnn_cascade"]["mean_macs"],
