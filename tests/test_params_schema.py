@@ -143,8 +143,8 @@ def test_cross_key_rules(override, expected):
 
 
 def test_train_rule_on_the_merged_config_names_the_module():
-    # train.warmup_epochs 7 is fine for m1/m2 (epochs 8) but not for m3 (epochs 6)
-    problem = the_problem({"train": {"warmup_epochs": 7}})
+    # train.warmup_epochs 7 is fine for m1/m2 (epochs 12) but not for an m3 given 6 epochs
+    problem = the_problem({"train": {"warmup_epochs": 7}, "modules": {"m3": {"train": {"epochs": 6}}}})
     assert problem.startswith("train.warmup_epochs must be < epochs (6), got 7") and "module m3" in problem
 
 
