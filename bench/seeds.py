@@ -3,7 +3,7 @@
     python -m bench.seeds --run --seeds 0 1 2     # one `dvc exp run -S seed=N` per seed, then the summary
     python -m bench.seeds                          # the summary of the seeds already recorded
 
-Each seed is a DVC experiment (`dvc exp run -S seed=N --name seed-N`, so `dvc exp show` lists them)
+Each seed is a DVC experiment (`dvc exp run -S seed=N --name seed-N-<time>`, so `dvc exp show` lists them)
 run in the workspace one after another; after each, its `metrics/evaluate.json` is copied to
 `docs/results/seeds/seed_N.json`. The seed changes everything downstream of it: the stratified
 splits, the grading folds, every module's initial weights, data order and architecture draws, the
@@ -20,6 +20,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 FIGURES = {
@@ -37,9 +38,14 @@ FIGURES = {
 }
 
 
-def run_seed(seed: int, out_dir: Path) -> Path:
-    """One default pipeline run with ``seed`` as a DVC experiment; its evaluate metrics copied out."""
-    cmd = ["dvc", "exp", "run", "-S", f"seed={seed}", "--name", f"seed-{seed}", "--force"]
+def run_seed(seed: int, out_dir: Path, force: bool = False) -> Path:
+    """One default pipeline run with ``seed`` as a DVC experiment; its evaluate metrics copied out.
+
+    Without ``force``, DVC's run cache restores any stage whose code, deps and params it has already
+    run (for example the baselines of a seed run before, when only module settings changed)."""
+    # DVC refuses a name already used on this commit (after the run); the time stamp keeps reruns apart.
+    name = f"seed-{seed}-{time.strftime('%m%d-%H%M')}"
+    cmd = ["dvc", "exp", "run", "-S", f"seed={seed}", "--name", name] + (["--force"] if force else [])
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -73,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--run", action="store_true", help="run the pipeline for each seed first (long)")
     p.add_argument("--out", type=Path, default=Path("docs/results/seeds"))
+    p.add_argument("--force", action="store_true",
+                   help="re-run every stage of each seed (no run-cache restores): what the repro time measures")
     args = p.parse_args(argv)
     if args.run:
         try:
             for seed in args.seeds:
-                run_seed(seed, args.out)
+                run_seed(seed, args.out, force=args.force)
         finally:
             restore_workspace()
     files = [args.out / f"seed_{s}.json" for s in args.seeds if (args.out / f"seed_{s}.json").exists()]
