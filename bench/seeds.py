@@ -5,7 +5,7 @@
 
 Each seed is a DVC experiment (`dvc exp run -S seed=N --name seed-N-<time>`, so `dvc exp show` lists them)
 run in the workspace one after another; after each, its `metrics/evaluate.json` is copied to
-`docs/results/seeds/seed_N.json`. The seed changes everything downstream of it: the stratified
+`docs/results/seeds/seed_N.json` and its budget curves to `budget_curve_seed_N.csv` beside it. The seed changes everything downstream of it: the stratified
 splits, the grading folds, every module's initial weights, data order and architecture draws, the
 baselines. When the runs are done the workspace goes back to the committed params and outputs
 (`git checkout params.yaml dvc.lock metrics && dvc checkout`). The summary prints, per figure, each
@@ -51,6 +51,7 @@ def run_seed(seed: int, out_dir: Path, force: bool = False) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"seed_{seed}.json"
     shutil.copyfile("metrics/evaluate.json", target)
+    shutil.copyfile("plots/evaluate/budget_curve.csv", out_dir / f"budget_curve_seed_{seed}.csv")
     return target
 
 

@@ -58,3 +58,20 @@ def test_vs_fixed_cascade_reads_the_fixed_cascade_held_to_the_cascades_macs():
     assert not vs_fixed_cascade(cascade, own, point(0.9240, 2.50e6))["met"]  # only +0.24 pt at equal MACs
     assert not vs_fixed_cascade(cascade, own, point(0.9200, 2.30e6))["met"]  # not equal MACs: 1.10x
     assert vs_fixed_cascade(point(0.93, 2.0e6), point(0.93, 2.6e6), None)["met"]  # equal accuracy at 0.77x
+
+
+def test_vs_fixed_cascade_reads_both_budget_curves_at_the_cascades_macs():
+    point = lambda a, m: {"accuracy": a, "mean_macs": m}  # noqa: E731
+    row = lambda a, m: {"threshold": 0.0, "accuracy": a, "mean_macs": m}  # noqa: E731
+    cascade, own = point(0.9304, 2.90e6), point(0.9278, 3.17e6)  # +0.26 pt at 0.91x: not enough alone
+    assert not vs_fixed_cascade(cascade, own, None)["met"]
+    ours = [row(0.905, 1.95e6), row(0.9289, 2.8e6), row(0.9297, 2.9e6), row(0.9321, 3.2e6)]
+    theirs = [row(0.905, 1.95e6), row(0.9240, 2.83e6), row(0.9252, 3.04e6), row(0.9300, 3.46e6)]
+    check = vs_fixed_cascade(cascade, own, None, (ours, theirs))
+    reading = check["measured_on_budget_curves"]
+    assert check["met"] and abs(reading["gain"] - (0.9297 - 0.9240)) < 1e-12  # both read within 2.90 M
+    assert abs(reading["macs_ratio_at_equal_accuracy"] - 2.90 / 3.46) < 1e-12  # 92.97% costs it 3.46 M
+    close = [row(0.905, 1.95e6), row(0.9280, 2.85e6), row(0.9300, 3.3e6)]  # +0.17 pt, 0.88x: neither
+    assert not vs_fixed_cascade(cascade, own, None, (ours, close))["met"]
+    never = vs_fixed_cascade(cascade, own, None, (ours, [row(0.90, 3.0e6)]))["measured_on_budget_curves"]
+    assert never["fixed_curve"] is None and never["gain"] is None and never["macs_ratio_at_equal_accuracy"] is None
