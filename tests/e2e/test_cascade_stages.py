@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -81,6 +82,12 @@ def test_fixed_cascade_is_also_held_to_the_cascades_macs(tiny_repo):
     assert row["thresholds"] == pytest.approx(matched["thresholds"])
     check = evaluate["targets"]["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]
     assert check["measured_at_equal_macs"][0] == pytest.approx(evaluate["cascade"]["accuracy"] - row["accuracy"])
+    # and off the two test budget curves that evaluate writes, at the cascade's MACs
+    reading = check["measured_on_budget_curves"]
+    assert reading["budget_macs"] == pytest.approx(evaluate["cascade"]["mean_macs"])
+    curves = pd.read_csv(tiny_repo / "plots/evaluate/budget_curve.csv")
+    fixed = curves[(curves.model == "fixed cascade (default paths)") & (curves.mean_macs <= reading["budget_macs"])]
+    assert reading["fixed_curve"] == (pytest.approx(fixed.accuracy.max()) if len(fixed) else None)
 
 
 def test_four_module_cascade_by_params_only(tiny_repo):
