@@ -1,5 +1,7 @@
 """Benchmark: training throughput (images/s) of every module of the default cascade on this machine,
-each behind its (randomly initialised, frozen) prefix, for both supernet samplers, side by side.
+each behind its (randomly initialised, frozen) prefix, for both supernet samplers and both memory
+layouts of training (``channels_last``, the default, and ``contiguous``), side by side in one run;
+the layouts alternate per row, so a noisy neighbour hits both alike.
 
     python -m bench.train_throughput [--params params.yaml] [--steps 30] [--out bench/out/train_throughput.json]
 
@@ -21,6 +23,7 @@ import torch
 from pipeline.config import DataConfig, ModelConfig, deep_merge, load_params
 from pipeline.models.cascade import build_modules, feature_shapes
 from pipeline.models.cost import count_macs
+from pipeline.device import MEMORY_FORMATS
 from pipeline.train.loop import Prefix, TrainConfig, train_module
 
 
@@ -42,23 +45,33 @@ def main(argv: list[str] | None = None) -> int:
         images = rng.integers(0, 256, (n, data.channels, data.image_size, data.image_size), dtype=np.uint8)
         labels = rng.integers(0, 10, n)
         samplers = ("uniform", "probmodel") if spec.modules[k - 1].kind == "supernet" else ("-",)
-        for sampler in samplers:
+        for sampler, layout in ((s, f) for s in samplers for f in MEMORY_FORMATS):
             modules = build_modules(spec, seed=0)
             prefix = Prefix(tuple((modules[j], modules[j].default_arch()) for j in range(k - 1)))
             module = modules[k - 1]
             macs = count_macs(module, shapes[k - 1], module.default_arch())
             run_cfg = dataclasses.replace(cfg, epochs=1, sampler=sampler if sampler != "-" else cfg.sampler)
+            if not rows:  # untimed warm-up in each layout: oneDNN builds its kernels on first use
+                for warm in MEMORY_FORMATS:
+                    train_module(build_modules(spec, seed=0)[k - 1], prefix, images[:4 * cfg.batch_size],
+                                 labels[:4 * cfg.batch_size], run_cfg, cost_of=lambda a: 1.0, cost_max=1.0,
+                                 exit_saving=0.5, progress=False, layout=warm)
             start = time.perf_counter()
             train_module(module, prefix, images, labels, run_cfg, cost_of=lambda a: 1.0, cost_max=1.0,
-                         exit_saving=0.5, progress=False)
+                         exit_saving=0.5, progress=False, layout=layout)
             seconds = time.perf_counter() - start
             rows.append({"module": name, "kind": spec.modules[k - 1].kind, "sampler": sampler,
-                         "default_path_macs": macs, "images_per_s": round(n / seconds, 1),
+                         "layout": layout, "default_path_macs": macs, "images_per_s": round(n / seconds, 1),
                          "seconds": round(seconds, 2)})
-            print(f"{name} {spec.modules[k - 1].kind:8s} {sampler:9s} {n / seconds:8.1f} img/s  "
+            print(f"{name} {spec.modules[k - 1].kind:8s} {sampler:9s} {layout:13s} {n / seconds:8.1f} img/s  "
                   f"(default path {macs / 1e6:.2f} M MACs, {args.steps} steps of {cfg.batch_size})", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
+    ratios = {f"{r['module']} {r['sampler']}": round(r["images_per_s"] / c["images_per_s"], 2)
+              for r, c in zip(rows[::2], rows[1::2], strict=True)}  # channels_last / contiguous
+    for key, ratio in ratios.items():
+        print(f"{key}: channels_last {ratio:.2f}x the throughput of contiguous")
+    args.out.write_text(json.dumps({"threads": torch.get_num_threads(), "rows": rows,
+                                    "channels_last_over_contiguous": ratios}, indent=2) + "\n")
     return 0
 
 

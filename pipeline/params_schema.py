@@ -259,6 +259,7 @@ TRAIN = {
     "warmup_epochs": Number(ge=0, default=0.0),
     "crop_padding": Int(ge=0, default=0),
     "flip": Bool(default=False),
+    "erase": Number(ge=0, le=1, default=0.0, doc="random erasing: probability per training image"),
     "lam": Number(ge=0, default=0.0),
     "mu": Number(ge=0, default=0.0),
     "seed": Int(ge=0, default=0, doc="default: the top-level seed"),

@@ -1,7 +1,7 @@
 """Batches of uint8 images as normalised float tensors, with seeded, vectorised augmentation.
 
 No DataLoader workers: the images are small and already in memory, so a batch is one gather, one
-crop, one flip and one normalisation, each a single tensor op. Every random draw comes from a
+crop, one flip, one erasing and one normalisation, each a single tensor op. Every random draw comes from a
 ``torch.Generator`` seeded by ``(seed, epoch)``, so an epoch's order and augmentation can be
 replayed exactly, and no global RNG state is read or changed.
 """
@@ -47,6 +47,31 @@ def random_flip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.where(flip[:, None, None, None], x.flip(-1), x)  # (B, C, H, W)
 
 
+ERASE_AREA = (0.02, 0.25)  # share of the image one erased rectangle covers (Zhong et al.'s range, capped)
+ERASE_ASPECT = (0.3, 3.3)  # its height / width, drawn log-uniformly
+
+
+def random_erase(x: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
+    """Random erasing (Zhong et al. 2020): with probability ``prob`` per image, set one rectangle of
+    random area (``ERASE_AREA`` of the image) and aspect (``ERASE_ASPECT``) at a random place to 0, the
+    black background of the raw image (0: no-op, and no random draw, so older runs replay exactly)."""
+    if prob == 0:
+        return x
+    b, _, h, w = x.shape
+    hit = torch.rand(b, generator=generator) < prob  # (B,)
+    area = torch.empty(b).uniform_(*ERASE_AREA, generator=generator) * (h * w)  # (B,)
+    log_aspect = torch.empty(b).uniform_(*np.log(ERASE_ASPECT).tolist(), generator=generator)  # (B,)
+    eh = (area * log_aspect.exp()).sqrt().round().clamp(1, h).long()  # (B,)
+    ew = (area / log_aspect.exp()).sqrt().round().clamp(1, w).long()  # (B,)
+    y0 = (torch.rand(b, generator=generator) * (h - eh + 1)).long()  # (B,) in [0, h - eh]
+    x0 = (torch.rand(b, generator=generator) * (w - ew + 1)).long()  # (B,) in [0, w - ew]
+    rows, cols = torch.arange(h), torch.arange(w)
+    in_rows = (rows[None, :] >= y0[:, None]) & (rows[None, :] < (y0 + eh)[:, None])  # (B, H)
+    in_cols = (cols[None, :] >= x0[:, None]) & (cols[None, :] < (x0 + ew)[:, None])  # (B, W)
+    mask = (hit[:, None, None] & in_rows[:, :, None] & in_cols[:, None, :]).to(x.device)  # (B, H, W)
+    return x.masked_fill(mask[:, None], 0)  # (B, C, H, W)
+
+
 def _channel_stats(values: Sequence[float] | float, channels: int, name: str) -> torch.Tensor:
     """Per-channel mean or std as (1, C, 1, 1); one value is used for every channel."""
     t = torch.as_tensor(values, dtype=torch.float32).reshape(-1)
@@ -60,7 +85,7 @@ def _channel_stats(values: Sequence[float] | float, channels: int, name: str) ->
 class ImageBatches:
     """Epochs of ``(x, y)`` batches: x (B, C, H, W) float, ``(x / 255 - mean) / std``; y (B,) int64.
 
-    ``shuffle``, ``crop_padding`` and ``flip`` are for training; with all three off (the default)
+    ``shuffle``, ``crop_padding``, ``flip`` and ``erase`` are for training; with all of them off (the default)
     the batches are the images in order, as evaluation needs. ``drop_last`` drops a final partial
     batch (small batches give noisy BatchNorm statistics) unless it is the only batch.
     """
@@ -76,6 +101,7 @@ class ImageBatches:
         shuffle: bool = False,
         crop_padding: int = 0,
         flip: bool = False,
+        erase: float = 0.0,
         drop_last: bool = False,
         seed: int = 0,
         device: torch.device | str = "cpu",
@@ -88,11 +114,13 @@ class ImageBatches:
             raise ValueError("no images to batch")
         if batch_size < 1 or crop_padding < 0:
             raise ValueError(f"need batch_size >= 1 and crop_padding >= 0, got {batch_size}, {crop_padding}")
+        if not 0 <= erase <= 1:
+            raise ValueError(f"erase is a probability in [0, 1], got {erase}")
         # from_numpy shares memory (no copy); batches are gathered copies, so the array is never written.
         self.images = torch.from_numpy(np.ascontiguousarray(images))  # (N, C, H, W) uint8
         self.labels = torch.from_numpy(np.asarray(labels, dtype=np.int64))  # (N,)
         self.batch_size = batch_size
-        self.shuffle, self.crop_padding, self.flip = shuffle, crop_padding, flip
+        self.shuffle, self.crop_padding, self.flip, self.erase = shuffle, crop_padding, flip, erase
         self.drop_last = drop_last
         self.seed = seed
         self.device = torch.device(device)
@@ -128,6 +156,7 @@ class ImageBatches:
             x = random_crop(x, self.crop_padding, generator)
             if self.flip:
                 x = random_flip(x, generator)
+            x = random_erase(x, self.erase, generator)
             x = x.to(self.device, non_blocking=True).float().div_(255.0)  # (B, C, H, W)
             x = x.sub_(self.mean).div_(self.std)  # (B, C, H, W)
             yield x, self.labels[index].to(self.device, non_blocking=True)  # (B, C, H, W), (B,)

@@ -31,7 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.config import ConfigError, deep_merge, section
-from pipeline.device import autocast
+from pipeline.device import MEMORY_FORMATS, as_memory_format, autocast, memory_format
 from pipeline.io import atomic_path
 from pipeline.models.modules import NO_ARCH, SupernetModule, confidence, eval_mode
 from pipeline.search.probmodel import (
@@ -77,6 +77,7 @@ class TrainConfig:
     warmup_epochs: float = 0.0
     crop_padding: int = 0
     flip: bool = False
+    erase: float = 0.0  # random erasing: probability per training image (0 = off)
     lam: float = 0.0
     mu: float = 0.0
     seed: int = 0
@@ -137,6 +138,7 @@ def _config_problems(c: TrainConfig) -> Iterator[str]:
          "a number in [0, epochs)"),
         ("crop_padding", _is_int(c.crop_padding) and c.crop_padding >= 0, "an int >= 0"),
         ("flip", isinstance(c.flip, bool), "a bool"),
+        ("erase", _is_number(c.erase) and 0 <= c.erase <= 1, "a probability in [0, 1]"),
         ("lam", _is_number(c.lam) and c.lam >= 0, "a number >= 0"),
         ("mu", _is_number(c.mu) and c.mu >= 0, "a number >= 0"),
         ("seed", _is_int(c.seed) and c.seed >= 0, "an int >= 0"),
@@ -455,6 +457,7 @@ def train_module(
     progress: bool = True,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     precision: str = "fp32",
+    layout: str = "channels_last",
 ) -> TrainResult:
     """Train ``module`` in place on images (N, C, H, W) uint8 seen through the frozen ``prefix``.
 
@@ -471,7 +474,23 @@ def train_module(
     global batch under DistributedDataParallel (:mod:`pipeline.train.distributed`); only rank 0 saves
     checkpoints and shows progress, and every rank returns the same weights and P(N).
     ``precision="bf16"`` runs the forward passes under CUDA bf16 autocast (fp32: unchanged).
+    ``layout`` is the memory format of the weights and batches while training (one of
+    ``MEMORY_FORMATS``; see :func:`pipeline.device.memory_format`): ``channels_last`` is faster on
+    CPUs and GPUs alike; the module comes back in the standard layout either way.
     """
+    if layout not in MEMORY_FORMATS:
+        raise ValueError(f"layout must be one of {MEMORY_FORMATS}, got {layout!r}")
+    with memory_format([module, *(m for m, _ in prefix.stages)], layout):
+        return _train_module(module, prefix, images, labels, cfg, cost_of=cost_of, cost_max=cost_max,
+                             exit_saving=exit_saving, on_epoch=on_epoch, progress=progress,
+                             checkpoint_dir=checkpoint_dir, precision=precision, layout=layout)
+
+
+def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels: np.ndarray, cfg: TrainConfig,
+                  *, cost_of: Callable[[Arch], float], cost_max: float, exit_saving: float,
+                  on_epoch: EpochCallback | None, progress: bool, checkpoint_dir: str | os.PathLike[str] | None,
+                  precision: str, layout: str) -> TrainResult:
+    """:func:`train_module` with the module and prefix already in ``layout``."""
     if module in prefix:
         raise ValueError("the module being trained is part of its own frozen prefix")
     if cost_max <= 0:
@@ -484,7 +503,7 @@ def train_module(
     w = distributed.world()
     rows = distributed.rank_rows(cfg.batch_size, min(cfg.m, cfg.batch_size) if supernet else 1, w).to(device)
     data = prefix.batches(images, labels, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
-                          flip=cfg.flip, drop_last=True, seed=cfg.seed)
+                          flip=cfg.flip, erase=cfg.erase, drop_last=True, seed=cfg.seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # arch picks: own stream
     extremes = extreme_archs(module.space, cost_of) if supernet else (NO_ARCH, NO_ARCH)
     params = _LossParams(cost_of, cost_max, exit_saving, cfg.lam, cfg.mu, cfg.label_smoothing, cfg.lambda_c,
@@ -514,6 +533,7 @@ def train_module(
                 group["lr"] = lr
             if w.distributed:
                 x, y = x[rows], y[rows]  # (B / ranks, C, H, W): this rank's share of every chunk
+            x = as_memory_format(x, layout)  # (B, C, H, W), strides of the layout
             with autocast(device, precision):
                 h = prefix(x)  # (B, C_k, H_k, W_k)
                 out = step_net(h, y, model)

@@ -11,7 +11,7 @@ from pipeline.models.cascade import CascadeSpec, build_modules, feature_shapes
 from pipeline.models.cost import fixed_macs, op_mac_table, path_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec
 from pipeline.search.probmodel import ProbModel
-from pipeline.train.data import ImageBatches, random_crop
+from pipeline.train.data import ERASE_AREA, ImageBatches, random_crop, random_erase
 from pipeline.train.loop import (
     Prefix,
     TrainConfig,
@@ -241,6 +241,29 @@ def test_random_crop_shifts_with_zero_border() -> None:
         padded = torch.nn.functional.pad(x[0], (1, 1, 1, 1))
         assert any(torch.equal(img, padded[:, dy:dy + 4, dx:dx + 4]) for dy in range(3) for dx in range(3))
     assert len({tuple(img.flatten().tolist()) for img in out}) > 1
+
+
+def test_random_erase_blanks_one_rectangle_per_hit_image() -> None:
+    x = torch.full((256, 1, 28, 28), 200, dtype=torch.uint8)  # (256, 1, 28, 28)
+    out = random_erase(x, 0.5, torch.Generator().manual_seed(0))
+    zeros = (out == 0).squeeze(1)  # (256, 28, 28)
+    hit = zeros.flatten(1).any(dim=1)  # (256,)
+    assert 0.35 < hit.float().mean() < 0.65  # about half the images
+    assert bool((out[~hit] == 200).all())  # the others untouched
+    for img in zeros[hit]:
+        rows, cols = img.any(dim=1).nonzero().flatten(), img.any(dim=0).nonzero().flatten()
+        h, w = int(rows[-1] - rows[0] + 1), int(cols[-1] - cols[0] + 1)
+        assert int(img.sum()) == h * w  # one solid rectangle
+        assert ERASE_AREA[0] * 784 / 2 <= h * w <= ERASE_AREA[1] * 784 * 1.5  # its area (rounding aside)
+    assert torch.equal(random_erase(x, 0.0, torch.Generator().manual_seed(0)), x)  # off: unchanged
+    again = random_erase(x, 0.5, torch.Generator().manual_seed(0))
+    assert torch.equal(again, out)  # seeded: replayable
+
+
+def test_image_batches_refuse_an_erase_probability_outside_0_1() -> None:
+    images, labels = pattern_data(8)
+    with pytest.raises(ValueError, match="erase"):
+        ImageBatches(images, labels, 4, erase=1.5)
 
 
 def test_training_a_frozen_or_prefix_module_is_refused() -> None:
