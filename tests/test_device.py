@@ -162,3 +162,27 @@ def test_pyfunc_model_device_from_env(tmp_path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(DEVICE_ENV, "cuda")
     with pytest.raises(dev.DeviceError, match="CASCADE_DEVICE is 'cuda' but CUDA is not available"):
         model.load_context(context)
+
+
+def test_memory_format_converts_the_weights_and_restores_them_even_on_error() -> None:
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))
+    before = net[0].weight.detach().clone()
+    with dev.memory_format([net], "channels_last"):
+        assert net[0].weight.is_contiguous(memory_format=torch.channels_last)
+        assert not net[0].weight.is_contiguous()
+    assert net[0].weight.is_contiguous() and torch.equal(net[0].weight, before)  # layout only, never values
+    with pytest.raises(RuntimeError, match="boom"), dev.memory_format([net], "channels_last"):
+        raise RuntimeError("boom")
+    assert net[0].weight.is_contiguous()
+    with dev.memory_format([net], "contiguous"):
+        assert net[0].weight.is_contiguous()
+    with pytest.raises(ValueError, match="memory format"), dev.memory_format([net], "nhwc"):
+        pass
+
+
+def test_as_memory_format_only_touches_4d_batches() -> None:
+    x = torch.randn(2, 3, 4, 4)
+    assert dev.as_memory_format(x, "channels_last").is_contiguous(memory_format=torch.channels_last)
+    assert dev.as_memory_format(x, "contiguous") is x
+    flat = torch.randn(2, 5)
+    assert dev.as_memory_format(flat, "channels_last") is flat

@@ -71,7 +71,8 @@ def costs(modules: torch.nn.ModuleList, k: int):  # noqa: ANN201 - (cost_of, cos
     return (lambda arch: float(path_macs(table, fixed, arch))), float(cost_max)
 
 
-def train(k: int, config: TrainConfig, modules: torch.nn.ModuleList | None = None, prefix_epochs: int = 0):
+def train(k: int, config: TrainConfig, modules: torch.nn.ModuleList | None = None, prefix_epochs: int = 0,
+          layout: str = "channels_last"):
     """Build the cascade (seed 0); optionally train module 1 first; then train module k."""
     modules = build_modules(SPEC, seed=0) if modules is None else modules
     images, labels = pattern_data()
@@ -79,7 +80,7 @@ def train(k: int, config: TrainConfig, modules: torch.nn.ModuleList | None = Non
     prefix = Prefix(stages, MEAN, STD)
     cost_of, cost_max = costs(modules, k)
     result = train_module(modules[k], prefix, images, labels, config, cost_of=cost_of, cost_max=cost_max,
-                          exit_saving=0.5, progress=False)
+                          exit_saving=0.5, progress=False, layout=layout)
     return modules, prefix, result
 
 
@@ -113,6 +114,19 @@ def test_same_config_gives_bitwise_identical_weights() -> None:
     assert [i["most_likely"] for i in ra.iterations] == [i["most_likely"] for i in rb.iterations]
     c, _, _ = train(1, cfg(seed=4))
     assert not torch.equal(state(a[1])["head.fc.weight"], state(c[1])["head.fc.weight"])
+
+
+def test_the_training_layout_changes_rounding_only_and_hands_back_standard_weights() -> None:
+    for k in (0, 1):  # the fixed module 1, then the supernet behind it
+        a, _, ra = train(k, cfg(epochs=2))
+        b, _, rb = train(k, cfg(epochs=2), layout="contiguous")
+        for module in (a[k], *a[:k]):
+            assert all(p.is_contiguous() for p in module.parameters())  # saved files keep the usual strides
+        sa, sb = state(a[k]), state(b[k])
+        assert all(torch.allclose(sa[key].float(), sb[key].float(), rtol=1e-3, atol=1e-3) for key in sa)
+        assert [h["loss"] for h in ra.history] == pytest.approx([h["loss"] for h in rb.history], rel=1e-3)
+    with pytest.raises(ValueError, match="layout"):
+        train(0, cfg(epochs=1), layout="nhwc")
 
 
 def test_prefix_is_bitwise_unchanged_by_training_the_next_module() -> None:
