@@ -43,7 +43,8 @@ def test_outputs_and_metrics(tiny_repo):
     for key in ("cascade", "cascade_testset", "largest_static", "smallest_static", "oracle", "each_exit", "timing"):
         assert key in evaluate
     cascade = evaluate["cascade"]
-    assert abs(sum(cascade["exit_share"]) - 1.0) < 1e-6
+    # each share is rounded to 4 decimals, so their sum is 1 up to half a unit of the last digit each
+    assert abs(sum(cascade["exit_share"]) - 1.0) <= 0.5e-4 * len(cascade["exit_share"]) + 1e-9
     assert evaluate["oracle"]["mean_macs"] <= evaluate["space_largest_static"]["mean_macs"]
     for name in ("budget_curve.png", "anytime.png", "confusion.png", "budget_curve.csv"):
         assert (tiny_repo / "plots/evaluate" / name).exists()
