@@ -13,13 +13,10 @@ stage succeeds. Stale ``models/modules/mK/.train.*`` temporary folders of killed
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -36,49 +33,16 @@ from pipeline.routing.assemble import load_prefix
 from pipeline.tracking import stage_run
 from pipeline.train import distributed
 from pipeline.train.loop import (
-    TrainConfig,
     TrainResult,
     evaluate_path,
     history_frame_records,
     module_train_config,
     train_module,
 )
+from pipeline.train.resume import checkpoint_key, clean_stale_temporaries
 from stages.common import StageFailed, cli, module_number, params_of, parser
 
 CODE = ("stages/train.py", "pipeline/train", "pipeline/models", "pipeline/search")  # what training runs
-
-
-def _files(paths: Iterable[Path]) -> list[Path]:
-    out: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            out.extend(sorted(q for q in path.rglob("*") if q.is_file() and "__pycache__" not in q.parts))
-        elif path.is_file():
-            out.append(path)
-    return out
-
-
-def checkpoint_key(k: int, cfg: TrainConfig, spec: dict, seed: int, inputs: Iterable[Path],
-                   code: Iterable[Path] = ()) -> str:
-    """sha256 of what the stage's result depends on: module index, resolved config, module spec, seed,
-    each input file's path, size and mtime (data files are big: not read), each code file's content."""
-    h = hashlib.sha256()
-    h.update(json.dumps({"module": k, "train": cfg.__dict__, "spec": spec, "seed": seed}, sort_keys=True,
-                        default=str).encode())
-    for path in _files(inputs):
-        st = path.stat()
-        h.update(f"\0in {path.resolve()} {st.st_size} {st.st_mtime_ns}".encode())
-    for path in _files(code):
-        h.update(f"\0code {path.as_posix()} ".encode() + hashlib.sha256(path.read_bytes()).digest())
-    return h.hexdigest()
-
-
-def clean_stale_temporaries(module_dir: Path) -> list[Path]:
-    """Remove ``<module_dir>/.train.*`` folders that a killed run's atomic write left behind."""
-    stale = sorted(module_dir.glob(".train.*")) if module_dir.is_dir() else []
-    for path in stale:
-        shutil.rmtree(path, ignore_errors=True)
-    return stale
 
 
 def write_train_outputs(out: Path, module: torch.nn.Module, info: ModuleInfo, result: TrainResult) -> None:

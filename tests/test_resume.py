@@ -13,7 +13,7 @@ import torch
 from pipeline.models.cascade import build_modules
 from pipeline.models.modules import NO_ARCH
 from pipeline.train.loop import Prefix, TrainConfig, history_frame_records, train_module
-from stages.train import checkpoint_key, clean_stale_temporaries
+from pipeline.train.resume import checkpoint_key, clean_stale_temporaries
 from tests.train.test_loop import MEAN, SPEC, STD, assert_bitwise_equal, cfg, costs, pattern_data, state
 
 
@@ -107,6 +107,19 @@ def test_checkpoint_key_follows_the_inputs(tmp_path: Path) -> None:
     assert key != checkpoint_key(1, config, {"kind": "fixed"}, 1, [data])
     data.write_bytes(b"xy")
     assert key != checkpoint_key(1, config, {"kind": "fixed"}, 0, [data])
+
+
+def test_checkpoint_key_ignores_rewrites_of_identical_inputs(tmp_path: Path) -> None:
+    """ingest is always re-run by dvc repro and rewrites the same bytes: a killed train stage still resumes."""
+    data = tmp_path / "train.npz"
+    data.write_bytes(b"same bytes")
+    key = checkpoint_key(1, cfg(), {"kind": "fixed"}, 0, [data])
+    data.unlink()
+    data.write_bytes(b"same bytes")
+    os.utime(data, ns=(1, 1))
+    assert checkpoint_key(1, cfg(), {"kind": "fixed"}, 0, [data]) == key
+    data.write_bytes(b"same bytez")
+    assert checkpoint_key(1, cfg(), {"kind": "fixed"}, 0, [data]) != key
 
 
 def test_stale_temporaries_of_a_killed_stage_are_removed(tmp_path: Path) -> None:
