@@ -3,6 +3,7 @@
     dvc repro train@m2                                   # the pipeline's modules 1 and 2
     python -m bench.regularisers                         # module 2: control, erase 0.5, smoothing 0.1
     python -m bench.regularisers --module 2 --variant erase25=erase:0.25 --variant ls05=label_smoothing:0.05
+    python -m bench.regularisers --module 2 --variant kd1=kd:1.0,kd_temperature:2 --out docs/results/distill_m2.json
 
 Each variant re-runs ``python -m stages.train`` for module K behind the pipeline's frozen modules
 1..K-1 (``--models``, linked, never written), with the params' ``modules.mK.train`` plus the
@@ -11,7 +12,8 @@ always trained too, so every row comes from the same code and machine. ``--jobs`
 once, one thread each (2 on the 2-core machine: the same total throughput as one at a time with two
 threads). Each trained module is then scored on ``calib`` and ``test``: exit K alone and in the exit
 ensemble with the frozen exits before it (decays 0.25 and 0.5, as ``calibrate.ensemble_decays``).
-MLflow runs and resumable checkpoints go under ``--work``, not the project's. The result goes to
+MLflow runs and resumable checkpoints go under ``--work``, not the project's. Modules with ``kd`` > 0
+(params or variant) learn from the ``--teacher`` baselines directory's plain_large (``dvc repro baselines``). The result goes to
 ``docs/results/regularisers_mK.json``.
 """
 
@@ -63,7 +65,8 @@ def variant_params(params: dict, k: int, overrides: dict) -> dict:
     return out
 
 
-def start_training(root: Path, work: Path, models: Path, k: int, params: dict) -> subprocess.Popen:
+def start_training(root: Path, work: Path, models: Path, k: int, params: dict,
+                   teacher: Path | None = None) -> subprocess.Popen:
     """One train stage run for module K into ``work`` (frozen modules linked from ``models``)."""
     modules = work / "models" / "modules"
     modules.mkdir(parents=True, exist_ok=True)
@@ -79,7 +82,7 @@ def start_training(root: Path, work: Path, models: Path, k: int, params: dict) -
            "--latency", str(root / LATENCY_FILE),
            "--module", str(k), "--data", str(root / "data/prepared"), "--graded", str(root / "data/graded"),
            "--profile", str(root / "models/profile.json"), "--models", str(modules),
-           "--metrics", str(work / "metrics.json")]
+           "--metrics", str(work / "metrics.json")] + (["--teacher", str(teacher)] if teacher is not None else [])
     log = (work / "train.log").open("w")
     return subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
     p.add_argument("--models", type=Path, default=Path("models/modules"), help="the pipeline's trained modules")
     p.add_argument("--work", type=Path, default=Path(".cache/bench_regularisers"))
+    p.add_argument("--teacher", type=Path, default=Path("models/baselines"),
+                   help="baselines directory: plain_large teaches modules and variants with kd > 0")
     p.add_argument("--jobs", type=int, default=2, help="variants trained at once (one thread each)")
     p.add_argument("--out", type=Path, default=Path("docs/results/regularisers.json"))
     args = p.parse_args(argv)
@@ -133,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             work = args.work / name
             print(f"train m{k} {name} {overrides or '(params as they are)'} -> {work}", flush=True)
             running.append((name, overrides, work, time.perf_counter(),
-                            start_training(root, work, args.models, k, variant_params(params, k, overrides))))
+                            start_training(root, work, args.models, k, variant_params(params, k, overrides),
+                                           args.teacher if args.teacher.is_dir() else None)))
         time.sleep(2)
         for item in [r for r in running if r[-1].poll() is not None]:
             running.remove(item)

@@ -358,6 +358,23 @@ def load_baselines(directory: str | os.PathLike[str]) -> Baselines:
     return Baselines(nets[0], nets[1], meta)
 
 
+def teacher_probabilities(module: nn.Module, images_uint8: np.ndarray, mean: Sequence[float],
+                          std: Sequence[float], temperature: float = 1.0) -> np.ndarray:
+    """Soft targets (N, K) float32 for distillation: softmax(logits / temperature) of ``module`` on
+    each image, averaged with the same on its mirror image (training flips images, so the target is
+    the teacher's flip-averaged view and does not depend on which of the two the student sees)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    images_uint8 = np.asarray(images_uint8)
+    prefix = Prefix((), tuple(mean), tuple(std))
+    probs = []
+    for view in (images_uint8, np.ascontiguousarray(images_uint8[..., ::-1])):
+        logits, _ = module_outputs(module, prefix, view, NO_ARCH, EVAL_BATCH)  # (N, K)
+        probs.append(torch.softmax(logits.double() / temperature, dim=-1))
+    soft = (probs[0] + probs[1]) / 2
+    return (soft / soft.sum(dim=-1, keepdim=True)).float().numpy()
+
+
 # ----------------------------------------------------------------------------------------- evaluation
 
 

@@ -278,6 +278,8 @@ TRAIN = {
     "distill": Number(ge=0, default=0.0),
     "utility": Str(choices=UTILITIES, default="rank"),
     "paired_perf": Bool(default=True),
+    "kd": Number(ge=0, default=0.0, doc="distillation from plain_large's probabilities (needs train's --teacher)"),
+    "kd_temperature": Number(gt=0, default=1.0),
     "processes": Int(ge=1, default=1),
 }
 

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from pipeline.baselines import load_baselines, teacher_probabilities
 from pipeline.config import ComputeConfig, ConfigError, ModelConfig, TrackingConfig
 from pipeline.device import prefix_to
 from pipeline.io import atomic_path, curriculum_index, load_split, read_json, write_json
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--latency", type=Path, default=None,
                    help=f"measured latency JSON of profile (default: <root>/{LATENCY_FILE}; metrics only)")
+    p.add_argument("--teacher", type=Path, default=None,
+                   help="baselines directory whose plain_large is the distillation teacher of a module with "
+                        "train.kd > 0 (read only then; README 'Distillation')")
     args = p.parse_args(argv)
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
@@ -87,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     costs = CostModel.load(args.profile, args.latency or args.root / LATENCY_FILE)
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
-    subset = train.subset(curriculum_index(train.ids, (args.graded / f"module_{k}.txt").read_text().splitlines()))
+    index = curriculum_index(train.ids, (args.graded / f"module_{k}.txt").read_text().splitlines())
+    subset = train.subset(index)
     if k == 1:  # normalisation statistics of the training images; later modules inherit them from m1
         pixels = train.images.astype(np.float32) / 255.0
         mean = tuple(pixels.mean(axis=(0, 2, 3)).round(4).tolist())
@@ -96,6 +101,13 @@ def main(argv: list[str] | None = None) -> None:
         first = ModuleInfo.from_json(read_json(args.models / "m1" / "train" / "module.json"))
         mean, std = first.mean, first.std
     prefix = load_prefix(args.models, k, costs, mean, std)
+    if cfg.kd > 0 and args.teacher is None:
+        raise ConfigError(f"train.kd = {cfg.kd} for {name} needs --teacher (the baselines directory: plain_large "
+                          "is the teacher); set kd to 0 or pass --teacher")
+    soft = None
+    if cfg.kd > 0:  # the teacher's flip-averaged probabilities, once per training image, then the curriculum's rows
+        teacher = load_baselines(args.teacher).large
+        soft = teacher_probabilities(teacher, train.images, mean, std, cfg.kd_temperature)[index]
     in_shape = tuple(costs.table["modules"][k - 1]["input_shape"])
     info = ModuleInfo(k, model_cfg.specs[k - 1], in_shape[0], len(meta["classes"]), in_shape, prefix.mean, prefix.std)
     torch.manual_seed(seed + k)  # initial weights of module k (global state is fine in a stage process)
@@ -104,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     for path in clean_stale_temporaries(args.models / name) if world.main else ():
         print(f"train@{name}: removed {path} (left by a killed run)", flush=True)
     inputs = [args.data / "train.npz", args.data / "meta.json", args.graded / f"module_{k}.txt", args.profile,
-              *(args.models / f"m{j}" / part for j in range(1, k) for part in ("train", "select"))]
+              *(args.models / f"m{j}" / part for j in range(1, k) for part in ("train", "select")),
+              *([args.teacher] if soft is not None else [])]
     root = Path(args.root)
     key = checkpoint_key(k, cfg, info.to_json()["spec"], seed, inputs, (root / c for c in CODE))
     cache = root / ".cache" / "train" / f"{name}-{key}"
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     module.to(device)
     prefix_to(prefix, device)
     train_args = dict(cost_of=lambda a: costs.macs(k, a), cost_max=costs.max_macs(k), exit_saving=costs.exit_saving(k),
-                      checkpoint_dir=cache, precision=compute.precision)
+                      checkpoint_dir=cache, precision=compute.precision, soft_targets=soft)
     if not world.main:  # the other ranks train in lockstep with rank 0, which alone writes and logs
         train_module(module, prefix, subset.images, subset.labels, cfg, progress=False, **train_args)
         distributed.finish()
@@ -159,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             "calib_path": arch.key(), "path_macs": costs.macs(k, arch),
             "path_latency_ms_b1": costs.latency_ms(k, arch, 1), "path_latency_ms_b64": costs.latency_ms(k, arch, 64),
             "final_train_acc": result.history[-1]["train_acc"], "sampler": cfg.sampler,
-            "processes": world.size, "device": str(device),
+            "processes": world.size, "device": str(device), "kd": cfg.kd,
         }
         write_json(args.metrics, metrics)
         run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})

@@ -24,6 +24,7 @@ from pipeline.baselines import (
     plain_macs,
     plain_outputs,
     save_baselines,
+    teacher_probabilities,
     train_baseline,
     two_cnn_budget_curve,
     two_cnn_threshold,
@@ -80,6 +81,25 @@ def test_plain_cnn_shapes_and_surface() -> None:
         net(torch.zeros(1, 3, 16, 16), Arch((("op@l1", "conv3"),)))
     with pytest.raises(ValueError, match="PlainCNN.width"):
         PlainCNN(0, 1, 10)
+
+
+def test_teacher_probabilities_are_flip_averaged_softmax_at_the_temperature() -> None:
+    torch.manual_seed(0)
+    net = PlainCNN(4, 1, 10).eval()
+    images = np.random.default_rng(0).integers(0, 256, size=(6, 1, 12, 12), dtype=np.uint8)
+    soft = teacher_probabilities(net, images, (0.3,), (0.2,), temperature=2.0)
+    assert soft.shape == (6, 10) and soft.dtype == np.float32
+    np.testing.assert_allclose(soft.sum(axis=1), 1.0, atol=1e-6)
+    mirrored = teacher_probabilities(net, images[..., ::-1], (0.3,), (0.2,), temperature=2.0)
+    np.testing.assert_allclose(soft, mirrored, atol=1e-6)  # the target does not depend on the flip
+    x = (torch.from_numpy(images).float() / 255 - 0.3) / 0.2
+    with torch.no_grad():
+        views = [torch.softmax(net(v)[1] / 2.0, dim=-1) for v in (x, x.flip(-1))]
+    np.testing.assert_allclose(soft, ((views[0] + views[1]) / 2).numpy(), atol=1e-5)
+    sharper = teacher_probabilities(net, images, (0.3,), (0.2,), temperature=0.5)
+    assert sharper.max(axis=1).mean() > soft.max(axis=1).mean()
+    with pytest.raises(ValueError, match="temperature"):
+        teacher_probabilities(net, images, (0.3,), (0.2,), temperature=0.0)
 
 
 def test_plain_cnn_macs_match_hand_count() -> None:

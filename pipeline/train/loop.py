@@ -96,6 +96,8 @@ class TrainConfig:
     distill: float = 0.0  # supernets with sandwich: weight of in-place distillation from the largest path
     utility: str = "rank"  # MLE weights from perf: rank (scale-free) | elite | softmax (raw perf / T, the original)
     paired_perf: bool = True  # with sandwich: perf of a path is its CE minus the largest path's CE on the same images
+    kd: float = 0.0  # weight of distillation from soft targets (a teacher's probabilities per image); 0 = off
+    kd_temperature: float = 1.0  # the student's logits are divided by it (the soft targets were made at it)
     processes: int = 1  # data-parallel ranks (the stage relaunches itself under torchrun when > 1)
 
     def __post_init__(self) -> None:
@@ -158,6 +160,8 @@ def _config_problems(c: TrainConfig) -> Iterator[str]:
          "a number >= 0, and 0 unless sandwich is on (the largest path is the teacher)"),
         ("utility", c.utility in UTILITIES, f"one of {UTILITIES}"),
         ("paired_perf", isinstance(c.paired_perf, bool), "a bool"),
+        ("kd", _is_number(c.kd) and c.kd >= 0, "a number >= 0"),
+        ("kd_temperature", _is_number(c.kd_temperature) and c.kd_temperature > 0, "a number > 0"),
         ("processes", _is_int(c.processes) and c.processes >= 1, "an int >= 1"),
     ]
     for name, ok, wanted in checks:
@@ -240,6 +244,8 @@ class _LossParams:
     lambda_c: float
     costs: dict[Arch, float] = field(default_factory=dict)  # cost_of may run a model: price each arch once
     extremes: tuple[Arch, Arch] = (NO_ARCH, NO_ARCH)  # (largest, smallest) path of a supernet
+    kd: float = 0.0  # weight of distillation from soft targets
+    kd_temperature: float = 1.0
 
     def cost(self, arch: Arch) -> float:
         if arch not in self.costs:
@@ -262,10 +268,20 @@ def distillation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Ten
                     reduction="batchmean")
 
 
+def soft_target_loss(student: torch.Tensor, soft: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Hinton et al.'s distillation term: temperature^2 * KL(soft || softmax(student / temperature)),
+    mean over the batch; ``soft`` (b, K) are a teacher's probabilities made at the same temperature."""
+    log_q = F.log_softmax(student / temperature, dim=-1)  # (b, K)
+    kl = (soft * (soft.clamp_min(1e-12).log() - log_q)).sum(dim=-1)  # (b,)
+    return temperature**2 * kl.mean()
+
+
 def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch, p: _LossParams,
-                teacher: torch.Tensor | None = None, distill: float = 0.0) -> _Chunk:
-    """Cost-aware loss of one chunk through one path (plus label smoothing, if any, and in-place
-    distillation from ``teacher`` logits (b, K) with weight ``distill``)."""
+                teacher: torch.Tensor | None = None, distill: float = 0.0,
+                soft: torch.Tensor | None = None) -> _Chunk:
+    """Cost-aware loss of one chunk through one path (plus label smoothing, if any, in-place
+    distillation from ``teacher`` logits (b, K) with weight ``distill``, and distillation from the
+    soft targets ``soft`` (b, K) with weight ``p.kd``)."""
     _, logits = module(x, arch)  # (b, K)
     cost = p.cost(arch)
     loss, parts = cost_aware_loss(logits, y, cost, p.cost_max, p.exit_saving, p.lam, p.mu)
@@ -277,6 +293,8 @@ def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch,
         loss = loss + p.label_smoothing * weight * (uniform_ce - ce)
     if teacher is not None and distill > 0:
         loss = loss + distill * distillation_loss(logits, teacher)
+    if soft is not None and p.kd > 0:
+        loss = loss + p.kd * soft_target_loss(logits, soft, p.kd_temperature)
     correct = (logits.argmax(dim=-1) == y).sum().detach()
     return _Chunk(loss, ce, correct, parts["bce"], logits.detach())
 
@@ -306,27 +324,30 @@ def extreme_archs(space: SearchSpace, cost_of: Callable[[Arch], float]) -> tuple
 
 
 def _sandwich(module: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: TrainConfig,
-              p: _LossParams) -> tuple[torch.Tensor | None, list[_Chunk]]:
+              p: _LossParams, soft: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list[_Chunk]]:
     """Sandwich rule: the largest and the smallest path on the whole batch (the smallest distilled
     from the largest). Returns the teacher's logits (B, K) and the two chunks (empty when off)."""
     if not cfg.sandwich:
         return None, []
     largest, smallest = p.extremes
-    top = _chunk_loss(module, x, y, largest, p)
-    bottom = _chunk_loss(module, x, y, smallest, p, top.logits, cfg.distill)
+    top = _chunk_loss(module, x, y, largest, p, soft=soft)
+    bottom = _chunk_loss(module, x, y, smallest, p, top.logits, cfg.distill, soft)
     return top.logits, [top, bottom]
 
 
 def _supernet_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor, archs: Sequence[Arch],
-                   prev: ProbModel | None, cfg: TrainConfig, p: _LossParams) -> _StepOut:
+                   prev: ProbModel | None, cfg: TrainConfig, p: _LossParams,
+                   soft: torch.Tensor | None = None) -> _StepOut:
     """Chunk j of the batch through arch j; method B's loss and P(i) when ``prev`` is given; the
     sandwich paths (if on) add their losses to the weights' loss but never feed the MLE."""
     n = min(len(archs), x.shape[0])
     archs = list(archs[:n])
-    teacher, extra = _sandwich(module, x, y, cfg, p)
+    teacher, extra = _sandwich(module, x, y, cfg, p, soft)
     teachers = [None] * n if teacher is None else list(teacher.tensor_split(n))
-    chunks = [_chunk_loss(module, xj, yj, a, p, tj, cfg.distill)
-              for xj, yj, a, tj in zip(x.tensor_split(n), y.tensor_split(n), archs, teachers, strict=True)]
+    softs = [None] * n if soft is None else list(soft.tensor_split(n))
+    chunks = [_chunk_loss(module, xj, yj, a, p, tj, cfg.distill, sj)
+              for xj, yj, a, tj, sj in zip(x.tensor_split(n), y.tensor_split(n), archs, teachers, softs,
+                                           strict=True)]
     task = torch.stack([c.loss for c in chunks])  # (m,)
     sandwich_loss = sum((c.loss for c in extra), torch.zeros((), device=x.device))
     cost = torch.tensor([p.cost(a) / p.cost_max for a in archs], dtype=torch.float64, device=x.device)
@@ -355,13 +376,14 @@ def _supernet_step(module: nn.Module, x: torch.Tensor, y: torch.Tensor, archs: S
 
 
 def _forward_step(module: nn.Module, h: torch.Tensor, y: torch.Tensor, model: ProbModel | None,
-                  cfg: TrainConfig, p: _LossParams, rng: np.random.Generator) -> _StepOut:
+                  cfg: TrainConfig, p: _LossParams, rng: np.random.Generator,
+                  soft: torch.Tensor | None = None) -> _StepOut:
     """Loss of one step: the whole batch through a fixed module, or chunks through picked paths."""
     if not isinstance(module, SupernetModule):
-        chunk = _chunk_loss(module, h, y, NO_ARCH, p)
+        chunk = _chunk_loss(module, h, y, NO_ARCH, p, soft=soft)
         return _StepOut(chunk.loss, [chunk], {}, None)
     archs = _pick(cfg, model if model is not None else ProbModel.uniform(module.space), rng)
-    return _supernet_step(module, h, y, archs, model, cfg, p)
+    return _supernet_step(module, h, y, archs, model, cfg, p, soft)
 
 
 # ----------------------------------------------------------------------------------------- training
@@ -376,8 +398,9 @@ class _StepNet(nn.Module):
         self.module = module
         self.cfg, self.params, self.rng = cfg, params, rng
 
-    def forward(self, h: torch.Tensor, y: torch.Tensor, model: ProbModel | None) -> _StepOut:
-        return _forward_step(self.module, h, y, model, self.cfg, self.params, self.rng)
+    def forward(self, h: torch.Tensor, y: torch.Tensor, model: ProbModel | None,
+                soft: torch.Tensor | None = None) -> _StepOut:
+        return _forward_step(self.module, h, y, model, self.cfg, self.params, self.rng, soft)
 
 
 
@@ -458,6 +481,7 @@ def train_module(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     precision: str = "fp32",
     layout: str = "channels_last",
+    soft_targets: np.ndarray | None = None,
 ) -> TrainResult:
     """Train ``module`` in place on images (N, C, H, W) uint8 seen through the frozen ``prefix``.
 
@@ -477,19 +501,22 @@ def train_module(
     ``layout`` is the memory format of the weights and batches while training (one of
     ``MEMORY_FORMATS``; see :func:`pipeline.device.memory_format`): ``channels_last`` is faster on
     CPUs and GPUs alike; the module comes back in the standard layout either way.
+    ``soft_targets`` (N, K), a teacher's probabilities per image at ``cfg.kd_temperature``, add the
+    distillation term with weight ``cfg.kd`` to every path's loss (ignored when ``cfg.kd`` is 0).
     """
     if layout not in MEMORY_FORMATS:
         raise ValueError(f"layout must be one of {MEMORY_FORMATS}, got {layout!r}")
     with memory_format([module, *(m for m, _ in prefix.stages)], layout):
         return _train_module(module, prefix, images, labels, cfg, cost_of=cost_of, cost_max=cost_max,
                              exit_saving=exit_saving, on_epoch=on_epoch, progress=progress,
-                             checkpoint_dir=checkpoint_dir, precision=precision, layout=layout)
+                             checkpoint_dir=checkpoint_dir, precision=precision, layout=layout,
+                             soft_targets=soft_targets)
 
 
 def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels: np.ndarray, cfg: TrainConfig,
                   *, cost_of: Callable[[Arch], float], cost_max: float, exit_saving: float,
                   on_epoch: EpochCallback | None, progress: bool, checkpoint_dir: str | os.PathLike[str] | None,
-                  precision: str, layout: str) -> TrainResult:
+                  precision: str, layout: str, soft_targets: np.ndarray | None = None) -> TrainResult:
     """:func:`train_module` with the module and prefix already in ``layout``."""
     if module in prefix:
         raise ValueError("the module being trained is part of its own frozen prefix")
@@ -502,12 +529,17 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
     autocast(device, precision)  # a bad precision fails before any training
     w = distributed.world()
     rows = distributed.rank_rows(cfg.batch_size, min(cfg.m, cfg.batch_size) if supernet else 1, w).to(device)
-    data = prefix.batches(images, labels, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
+    soft_t = _soft_targets(soft_targets, labels, device) if cfg.kd > 0 else None
+    labels_t = torch.as_tensor(np.asarray(labels, dtype=np.int64), device=device)  # (N,)
+    # With soft targets the batches carry each image's row index (the same shuffle and augmentation
+    # draws as the labels would: only the gathered values differ); labels and targets are looked up.
+    carried = np.arange(len(labels), dtype=np.int64) if soft_t is not None else labels
+    data = prefix.batches(images, carried, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
                           flip=cfg.flip, erase=cfg.erase, drop_last=True, seed=cfg.seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # arch picks: own stream
     extremes = extreme_archs(module.space, cost_of) if supernet else (NO_ARCH, NO_ARCH)
     params = _LossParams(cost_of, cost_max, exit_saving, cfg.lam, cfg.mu, cfg.label_smoothing, cfg.lambda_c,
-                         extremes=extremes)
+                         extremes=extremes, kd=cfg.kd, kd_temperature=cfg.kd_temperature)
     model = ProbModel.uniform(module.space) if supernet and cfg.sampler == "probmodel" else None
     optimizer = _optimizer(module, cfg)
     step_net = distributed.wrap(_StepNet(module, cfg, params, rng), device, find_unused=supernet)
@@ -533,10 +565,13 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
                 group["lr"] = lr
             if w.distributed:
                 x, y = x[rows], y[rows]  # (B / ranks, C, H, W): this rank's share of every chunk
+            soft = None
+            if soft_t is not None:  # y holds row indices
+                soft, y = soft_t[y.to(device)], labels_t[y.to(device)]  # (B, K), (B,)
             x = as_memory_format(x, layout)  # (B, C, H, W), strides of the layout
             with autocast(device, precision):
                 h = prefix(x)  # (B, C_k, H_k, W_k)
-                out = step_net(h, y, model)
+                out = step_net(h, y, model, soft)
             optimizer.zero_grad(set_to_none=True)  # unpicked ops keep grad None: no decay, no momentum
             out.loss.backward()
             optimizer.step()
@@ -560,6 +595,18 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
             on_epoch(epoch, record, module, model)
     module.eval()
     return TrainResult(history, iterations, model)
+
+
+def _soft_targets(soft: np.ndarray | None, labels: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Soft targets (N, K) as a float32 tensor on ``device``, after checking they are probabilities."""
+    if soft is None:
+        raise ValueError("cfg.kd > 0 needs soft_targets (a teacher's probabilities per training image)")
+    soft = np.asarray(soft, dtype=np.float32)
+    if soft.ndim != 2 or soft.shape[0] != len(labels):
+        raise ValueError(f"soft_targets must be (N, K) with N = {len(labels)} images, got {soft.shape}")
+    if not np.isfinite(soft).all() or (soft < 0).any() or not np.allclose(soft.sum(axis=1), 1.0, atol=1e-3):
+        raise ValueError("soft_targets must be finite probabilities: rows >= 0 summing to 1")
+    return torch.from_numpy(soft).to(device)
 
 
 def _model_summary(model: ProbModel, steps: list[_StepStats]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from pipeline.models.cascade import CascadeSpec, build_modules, feature_shapes
 from pipeline.models.cost import fixed_macs, op_mac_table, path_macs
@@ -24,6 +25,7 @@ from pipeline.train.loop import (
     module_outputs,
     recalibrate_batchnorm,
     save_checkpoint,
+    soft_target_loss,
     train_module,
 )
 
@@ -72,7 +74,7 @@ def costs(modules: torch.nn.ModuleList, k: int):  # noqa: ANN201 - (cost_of, cos
 
 
 def train(k: int, config: TrainConfig, modules: torch.nn.ModuleList | None = None, prefix_epochs: int = 0,
-          layout: str = "channels_last"):
+          layout: str = "channels_last", soft_targets: np.ndarray | None = None):
     """Build the cascade (seed 0); optionally train module 1 first; then train module k."""
     modules = build_modules(SPEC, seed=0) if modules is None else modules
     images, labels = pattern_data()
@@ -80,7 +82,7 @@ def train(k: int, config: TrainConfig, modules: torch.nn.ModuleList | None = Non
     prefix = Prefix(stages, MEAN, STD)
     cost_of, cost_max = costs(modules, k)
     result = train_module(modules[k], prefix, images, labels, config, cost_of=cost_of, cost_max=cost_max,
-                          exit_saving=0.5, progress=False, layout=layout)
+                          exit_saving=0.5, progress=False, layout=layout, soft_targets=soft_targets)
     return modules, prefix, result
 
 
@@ -196,7 +198,8 @@ def test_on_epoch_sees_every_epoch_and_checkpoints_round_trip(tmp_path) -> None:
     [("epochs", 0), ("batch_size", -1), ("lr", 0.0), ("momentum", 1.0), ("schedule", "linear"),
      ("warmup_epochs", 5), ("crop_padding", -1), ("flip", 1), ("lam", -0.1), ("sampler", "random"),
      ("m", 64), ("pool_factor", 0), ("temperature", 0.0), ("step", 0.0), ("beta", -1.0),
-     ("mi_eps", 0.0), ("lambda_c", float("nan")), ("label_smoothing", 1.0), ("seed", 1.5)],
+     ("mi_eps", 0.0), ("lambda_c", float("nan")), ("label_smoothing", 1.0), ("seed", 1.5),
+     ("kd", -1.0), ("kd_temperature", 0.0)],
 )
 def test_bad_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"TrainConfig\.{field}\b"):
@@ -333,6 +336,46 @@ def test_distillation_loss_is_zero_for_identical_logits_and_positive_otherwise()
     z = torch.randn(5, 4)
     assert float(distillation_loss(z, z)) == pytest.approx(0.0, abs=1e-6)
     assert float(distillation_loss(z, z.flip(1))) > 0.01
+
+
+def test_soft_target_loss_is_zero_at_the_targets_and_scaled_by_temperature_squared() -> None:
+    z = torch.randn(6, 4)
+    for t in (1.0, 3.0):
+        assert float(soft_target_loss(z, torch.softmax(z / t, dim=-1), t)) == pytest.approx(0.0, abs=1e-6)
+    soft = torch.softmax(torch.randn(6, 4), dim=-1)
+    kl = F.kl_div(F.log_softmax(z / 2, dim=-1), soft, reduction="batchmean")
+    assert float(soft_target_loss(z, soft, 2.0)) == pytest.approx(4 * float(kl), rel=1e-5)
+
+
+@pytest.mark.parametrize("k", [0, 1])  # a fixed module and a supernet (sandwich, chunks)
+def test_soft_targets_reach_each_image_in_shuffled_augmented_batches(k: int) -> None:
+    """Targets that name another class than the label, with a heavy weight, win over the labels: each
+    image's own row reached it through the shuffle (a misaligned lookup would teach noise)."""
+    images, labels = pattern_data()
+    shifted = np.eye(4, dtype=np.float32)[(labels + 1) % 4]  # (N, 4): the next class, one-hot
+    config = cfg(epochs=4, lr=0.1, kd=4.0) if k == 0 else cfg(epochs=6, lr=0.01, kd=4.0, sandwich=True)
+    modules, prefix, _ = train(k, config, soft_targets=shifted)
+    logits, _ = module_outputs(modules[k], prefix, images, modules[k].default_arch(), 64)
+    predicted = logits.argmax(dim=-1).numpy()
+    assert (predicted == (labels + 1) % 4).mean() > 0.9
+    assert (predicted == labels).mean() < 0.1
+
+
+def test_zero_kd_ignores_soft_targets_bitwise() -> None:
+    images, labels = pattern_data()
+    a, _, _ = train(1, cfg())
+    b, _, _ = train(1, cfg(), soft_targets=np.full((len(labels), 4), 0.25, dtype=np.float32))
+    assert_bitwise_equal(state(a[1]), state(b[1]))
+
+
+@pytest.mark.parametrize("soft, match", [
+    (None, "needs soft_targets"),
+    (np.full((7, 4), 0.25, dtype=np.float32), "must be \\(N, K\\)"),
+    (np.full((200, 4), 0.5, dtype=np.float32), "probabilities"),
+])
+def test_kd_refuses_missing_or_bad_soft_targets(soft: np.ndarray | None, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        train(0, cfg(kd=1.0), soft_targets=soft)
 
 
 def test_distill_needs_the_sandwich() -> None:
