@@ -92,8 +92,9 @@ def train_config(params: dict[str, Any], name: str, epochs: int, batch_size: int
     merged.setdefault("seed", seed)
     cfg = TrainConfig.from_dict(merged)
     batch = min(batch_size or cfg.batch_size, n)  # at least one full batch (drop_last)
+    # kd 0: the timings are of the module's own training step (no teacher is trained here)
     return dataclasses.replace(cfg, epochs=epochs, batch_size=batch, m=min(cfg.m, batch),
-                               warmup_epochs=min(cfg.warmup_epochs, 0.5 * epochs))
+                               warmup_epochs=min(cfg.warmup_epochs, 0.5 * epochs), kd=0.0)
 
 
 def time_module(k: int, spec: Any, images: np.ndarray, labels: np.ndarray, cfg: TrainConfig,

@@ -59,7 +59,8 @@ def curriculum_subset(train, scores: pd.DataFrame, module: int, levels: int, mod
 
 def train_config(params: dict, name: str, seed: int, **override) -> TrainConfig:
     merged = deep_merge(section(params, "train"), params["modules"][name].get("train") or {})
-    return TrainConfig.from_dict({**merged, "seed": seed, **override})
+    # kd 0: these ablations (head, curriculum) were measured without distillation and have no teacher
+    return TrainConfig.from_dict({**merged, "seed": seed, "kd": 0.0, **override})
 
 
 def fit(spec: ModuleSpec, in_shape, n_classes: int, prefix: Prefix, subset, cfg: TrainConfig, seed: int):

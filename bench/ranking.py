@@ -114,7 +114,7 @@ def exit_savings(params: dict[str, Any], in_channels: int, num_classes: int, ima
 
 def base_config(params: dict[str, Any], name: str, args: argparse.Namespace) -> TrainConfig:
     merged = deep_merge(section(params, "train"), params["modules"][name].get("train") or {})
-    merged.update(seed=args.seed, epochs=args.epochs)
+    merged.update(seed=args.seed, epochs=args.epochs, kd=0.0)  # no teacher in this bench
     if args.batch_size is not None:
         merged["batch_size"] = args.batch_size
     if args.lr is not None:

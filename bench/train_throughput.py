@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             prefix = Prefix(tuple((modules[j], modules[j].default_arch()) for j in range(k - 1)))
             module = modules[k - 1]
             macs = count_macs(module, shapes[k - 1], module.default_arch())
-            run_cfg = dataclasses.replace(cfg, epochs=1, sampler=sampler if sampler != "-" else cfg.sampler)
+            run_cfg = dataclasses.replace(cfg, epochs=1, sampler=sampler if sampler != "-" else cfg.sampler,
+                                          kd=0.0)  # the training step alone, without a teacher's soft targets
             if not rows:  # untimed warm-up in each layout: oneDNN builds its kernels on first use
                 for warm in MEMORY_FORMATS:
                     train_module(build_modules(spec, seed=0)[k - 1], prefix, images[:4 * cfg.batch_size],
