@@ -13,6 +13,7 @@ import torch
 
 from pipeline.routing.calibration import oracle, simulate_thresholds
 from pipeline.routing.engine import CascadeOutput, Stage, run_all_exits, run_cascade
+from pipeline.search.space import Arch
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -93,15 +94,23 @@ def time_cascade(stages: Sequence[Stage], x: torch.Tensor, kind: str, *, batch1_
 
 
 def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
-                    costs_of: Sequence[Sequence[int]] | None = None, decay: float = 0.0) -> list[dict[str, Any]]:
-    """Each routing candidate of each multi-candidate stage as a standalone exit: modules before it
-    as the cascade runs them, module k fixed to the candidate, no early exit. One row per candidate:
-    ``{"module", "path", "macs", "accuracy"}`` where ``macs`` is the mean cost of reaching that exit."""
+                    candidates: Sequence[tuple[Sequence[Arch], Sequence[int]]] | None = None,
+                    decay: float = 0.0) -> list[dict[str, Any]]:
+    """Each routing candidate of each module with several as a standalone exit: modules before it as
+    the cascade runs them, module k fixed to the candidate, no early exit. ``candidates``: per module,
+    its routing candidates and their MACs (default: the stages' own, which hold a single path where the
+    predictor is not used, so pass the select stage's set, ``routing_candidates``, to score them all).
+    One row per candidate: ``{"module", "path", "macs", "accuracy"}`` where ``macs`` is the mean cost
+    of reaching that exit."""
+    if candidates is None:
+        candidates = [(s.candidates, s.candidate_macs) for s in stages]
+    if len(candidates) != len(stages):
+        raise ValueError(f"candidates for {len(candidates)} modules, the cascade has {len(stages)}")
     rows = []
-    for k, stage in enumerate(stages):
-        if len(stage.candidates) < 2:
+    for k, (stage, (archs, costs)) in enumerate(zip(stages, candidates, strict=True)):
+        if len(archs) < 2:
             continue
-        for arch, macs in zip(stage.candidates, stage.candidate_macs, strict=True):
+        for arch, macs in zip(archs, costs, strict=True):
             fixed = Stage(stage.module, (arch,), (macs,), float("inf"))
             outs = run_all_exits([*stages[:k], fixed], x, confidence_kind=kind, batch_size=512, ensemble_decay=decay)
             rows.append({"module": k + 1, "path": arch.key(), "macs": float(outs["cum_macs"][:, -1].double().mean()),

@@ -32,6 +32,7 @@ from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel
 from pipeline.plots import anytime_plot, budget_plot, confusion_plot
+from pipeline.routing.assemble import routing_candidates
 from pipeline.routing.engine import Stage, run_cascade
 from pipeline.routing.package import load_cascade, preprocess
 from pipeline.tracking import stage_run
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="fixed-path cascade (supernets on their default path, no predictors)")
     p.add_argument("--model-fixed-at-macs", type=Path, required=True,
                    help="the fixed-path cascade calibrated at the selected cascade's mean MACs on calib")
+    p.add_argument("--models", type=Path, required=True,
+                   help="trained modules directory (models/modules): each module's routing candidates")
     p.add_argument("--baselines", type=Path, required=True, help="plain CNN baselines (written by the baselines stage)")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--headline", type=Path, default=None,
@@ -153,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
                 "exit_share": fixed_at["exit_share"],
                 "thresholds": [s.threshold for s in fixed_at_macs.stages[:-1]], "ensemble_decay": a_decay}}
         curve_two_cnn = two_cnn_budget_curve(plain, test.images, y)
-        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind, decay=decay)
+        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind,
+                                                     routing_candidates(args.models, costs), decay=decay)
         for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static",
                      "default_static"):
             stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))

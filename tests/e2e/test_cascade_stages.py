@@ -46,6 +46,12 @@ def test_outputs_and_metrics(tiny_repo):
     # each share is rounded to 4 decimals, so their sum is 1 up to half a unit of the last digit each
     assert abs(sum(cascade["exit_share"]) - 1.0) <= 0.5e-4 * len(cascade["exit_share"]) + 1e-9
     assert evaluate["oracle"]["mean_macs"] <= evaluate["space_largest_static"]["mean_macs"]
+    # every routing candidate a select stage recorded is scored on test, its predictor used or not
+    selections = [json.loads((tiny_repo / f"models/modules/m{k}/select/selection.json").read_text())
+                  for k in range(1, len(MODULES) + 1)]
+    recorded = [(k, key) for k, sel in enumerate(selections, start=1) if len(sel["candidates"]) > 1
+                for key in sel["candidates"]]
+    assert [(r["module"], r["path"]) for r in evaluate["candidate_exits"]] == recorded
     for name in ("budget_curve.png", "anytime.png", "confusion.png", "budget_curve.csv"):
         assert (tiny_repo / "plots/evaluate" / name).exists()
 

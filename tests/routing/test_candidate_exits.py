@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pytest
 import torch
 
 from pipeline.evaluation import candidate_exits
@@ -22,3 +25,25 @@ def test_candidate_exits_score_each_candidate_behind_the_cascade(tiny):  # noqa:
             assert row["accuracy"] == float((logits.argmax(1).numpy() == labels).mean())
             assert row["macs"] == tiny.stages[0].candidate_macs[0] + tiny.stages[1].candidate_macs[
                 tiny.stages[1].candidates.index(arch)]
+
+
+def test_candidate_exits_score_the_given_candidates_where_the_cascade_runs_one_path(tiny):  # noqa: ANN001
+    """A module whose predictor is not used runs one path; the select stage's candidates, passed in,
+    are each scored behind the same prefix as if the cascade held them."""
+    x = images(40, seed=5)
+    labels = np.arange(40) % 4
+    single = [dataclasses.replace(s, candidates=s.candidates[:1], candidate_macs=s.candidate_macs[:1],
+                                  predictor=None) for s in tiny.stages]
+    assert candidate_exits(single, x, labels, "maxprob") == []
+    given = [(s.candidates, s.candidate_macs) for s in tiny.stages]
+    rows = candidate_exits(single, x, labels, "maxprob", given)
+    assert [(r["module"], r["path"]) for r in rows] == [
+        (k + 1, a.key()) for k, s in enumerate(tiny.stages) if len(s.candidates) > 1 for a in s.candidates]
+    # module 2's candidates sit behind module 1 alone, as in the routed cascade
+    routed = candidate_exits(tiny.stages, x, labels, "maxprob")
+    assert [r for r in rows if r["module"] == 2] == [r for r in routed if r["module"] == 2]
+    # module 3's sit behind module 2 as this cascade runs it: its one path, no predictor
+    behind_one_path = candidate_exits([*single[:2], tiny.stages[2]], x, labels, "maxprob")
+    assert [r for r in rows if r["module"] == 3] == behind_one_path
+    with pytest.raises(ValueError, match="candidates for 2 modules"):
+        candidate_exits(single, x, labels, "maxprob", given[:2])
