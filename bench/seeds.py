@@ -35,6 +35,8 @@ FIGURES = {
     "two-CNN cascade accuracy": lambda m: m["baselines"]["two_cnn_cascade"]["accuracy"],
     "two-CNN cascade mean MACs": lambda m: m["baselines"]["two_cnn_cascade"]["mean_macs"],
     "plain large CNN accuracy": lambda m: m["baselines"]["plain_large"]["accuracy"],
+    "worst routing candidate accuracy":  # as a standalone exit on test (nan: no module has several)
+        lambda m: min((r["accuracy"] for r in m.get("candidate_exits", [])), default=float("nan")),
 }
 
 
