@@ -6,11 +6,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from pipeline.io import read_json
+from pipeline.models.profile import CostModel
+from pipeline.models.store import load_module
 from pipeline.routing.calibration import oracle, simulate_thresholds
 from pipeline.routing.engine import CascadeOutput, Stage, run_all_exits, run_cascade
 from pipeline.search.space import Arch
@@ -116,6 +120,21 @@ def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray
             rows.append({"module": k + 1, "path": arch.key(), "macs": float(outs["cum_macs"][:, -1].double().mean()),
                          "accuracy": float((to_numpy(outs["pred"][:, -1]) == labels).mean())})
     return rows
+
+
+def routing_candidates(models: Path, costs: CostModel) -> list[tuple[tuple[Arch, ...], tuple[int, ...]]]:
+    """Per module, the routing candidates its select stage recorded (whether or not its predictor is
+    used) and their MACs; a module without a selection has its default path alone. (Read here, not in
+    ``pipeline.routing``, which every search, select and calibrate stage depends on.)"""
+    out = []
+    for k in range(1, costs.n_modules + 1):
+        select_path = models / f"m{k}" / "select" / "selection.json"
+        if select_path.exists():
+            archs = tuple(Arch.from_key(key) for key in read_json(select_path)["candidates"])
+        else:
+            archs = (load_module(models / f"m{k}" / "train")[0].default_arch(),)
+        out.append((archs, tuple(costs.macs(k, a) for a in archs)))
+    return out
 
 
 EQUAL_MACS_TOLERANCE = 0.02  # matched on calib; on test the two mean MACs differ by sampling noise

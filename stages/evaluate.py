@@ -24,6 +24,7 @@ from pipeline.evaluation import (
     candidate_exits,
     cascade_summary,
     comparison_table,
+    routing_candidates,
     target_checks,
     time_cascade,
     to_numpy,
@@ -32,7 +33,6 @@ from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel
 from pipeline.plots import anytime_plot, budget_plot, confusion_plot
-from pipeline.routing.assemble import routing_candidates
 from pipeline.routing.engine import Stage, run_cascade
 from pipeline.routing.package import load_cascade, preprocess
 from pipeline.tracking import stage_run

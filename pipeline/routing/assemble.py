@@ -45,20 +45,6 @@ def load_stage(models: Path, k: int, costs: CostModel, routing: str = "selected"
                  int(p["macs"])), info
 
 
-def routing_candidates(models: Path, costs: CostModel) -> list[tuple[tuple[Arch, ...], tuple[int, ...]]]:
-    """Per module, the routing candidates its select stage recorded (whether or not its predictor is
-    used) and their MACs; a module without a selection has its default path alone."""
-    out = []
-    for k in range(1, costs.n_modules + 1):
-        select_path = models / f"m{k}" / "select" / "selection.json"
-        if select_path.exists():
-            archs = tuple(Arch.from_key(key) for key in read_json(select_path)["candidates"])
-        else:
-            archs = (load_module(models / f"m{k}" / "train")[0].default_arch(),)
-        out.append((archs, tuple(costs.macs(k, a) for a in archs)))
-    return out
-
-
 def load_prefix(models: Path, k: int, costs: CostModel, mean: tuple[float, ...], std: tuple[float, ...]) -> Prefix:
     """The frozen modules 1..k-1 as module k sees them: each through its selection (per-image routing
     included), after normalising with ``mean``/``std``."""
