@@ -12,14 +12,8 @@ from typing import Any
 
 import yaml
 
-CURRICULA = ("weighted", "cumulative", "exclusive", "all")
-SCORERS = ("pca-logreg", "knn")
-PRECISIONS = ("fp32", "bf16")  # compute.precision (pipeline.device.autocast)
-DEVICE_PATTERN = r"auto|cpu|cuda|cuda:\d+"  # compute.device (pipeline.device.resolve_device)
-
-
-class ConfigError(ValueError):
-    """A bad parameter; the message names its key."""
+from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, ConfigError
+from pipeline.params_schema import check_params as _check_schema
 
 
 def load_params(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
@@ -38,9 +32,7 @@ def load_params(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
 def check_params(params: Any, *, partial: bool = False, source: str = "params") -> None:
     """The up-front check of the whole params file against the schema in :mod:`pipeline.params_schema`:
     raises :class:`ConfigError` listing every problem (dotted key and bad value), not only the first."""
-    from pipeline.params_schema import check_params as check  # the schema imports this module
-
-    check(params, partial=partial, source=source)
+    _check_schema(params, partial=partial, source=source)
 
 
 def load_checked_params(path: str | os.PathLike[str] = "params.yaml", *,
@@ -282,7 +274,7 @@ class ComputeConfig:
         """The ``torch.device`` to run on (:func:`pipeline.device.resolve_device`); bf16 on a device
         that resolves to the CPU (``auto`` without CUDA) is a :class:`ConfigError` naming
         ``compute.precision``."""
-        from pipeline.device import resolve_device
+        from pipeline.device import resolve_device  # here, not at the top: it imports torch
 
         device = resolve_device(self.device)
         _check(not (self.precision == "bf16" and device.type != "cuda"), "compute.precision",

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from pipeline.config import DEVICE_PATTERN, PRECISIONS, ConfigError
+from pipeline.choices import DEVICE_PATTERN, PRECISIONS, ConfigError
 
 
 class DeviceError(ConfigError, RuntimeError):

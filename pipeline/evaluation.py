@@ -14,7 +14,6 @@ import torch
 
 from pipeline.io import read_json
 from pipeline.models.profile import CostModel
-from pipeline.models.store import load_module
 from pipeline.routing.calibration import oracle, simulate_thresholds
 from pipeline.routing.engine import CascadeOutput, Stage, run_all_exits, run_cascade
 from pipeline.search.space import Arch
@@ -122,17 +121,21 @@ def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray
     return rows
 
 
-def routing_candidates(models: Path, costs: CostModel) -> list[tuple[tuple[Arch, ...], tuple[int, ...]]]:
-    """Per module, the routing candidates its select stage recorded (whether or not its predictor is
-    used) and their MACs; a module without a selection has its default path alone. (Read here, not in
-    ``pipeline.routing``, which every search, select and calibrate stage depends on.)"""
+def routing_candidates(models: Path, costs: CostModel,
+                       stages: Sequence[Stage]) -> list[tuple[tuple[Arch, ...], tuple[int, ...]]]:
+    """Per module, the routing candidates its select stage recorded under ``models`` (whether or not
+    its predictor is used) and their MACs; a module without a recorded selection keeps what its stage
+    of the cascade runs. (Read here, not in ``pipeline.routing``, which every search, select and
+    calibrate stage depends on.)"""
+    if len(stages) != costs.n_modules:
+        raise ValueError(f"the cascade has {len(stages)} stages, the cost model {costs.n_modules} modules")
     out = []
-    for k in range(1, costs.n_modules + 1):
+    for k, stage in enumerate(stages, start=1):
         select_path = models / f"m{k}" / "select" / "selection.json"
-        if select_path.exists():
-            archs = tuple(Arch.from_key(key) for key in read_json(select_path)["candidates"])
-        else:
-            archs = (load_module(models / f"m{k}" / "train")[0].default_arch(),)
+        if not select_path.exists():
+            out.append((tuple(stage.candidates), tuple(stage.candidate_macs)))
+            continue
+        archs = tuple(Arch.from_key(key) for key in read_json(select_path)["candidates"])
         out.append((archs, tuple(costs.macs(k, a) for a in archs)))
     return out
 

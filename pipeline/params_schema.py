@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pipeline.config import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, ConfigError
+from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, ConfigError
 
 # Mirrors of library enumerations (importing them would import torch); tests keep them equal.
 KINDS = ("fixed", "supernet")  # pipeline.models.modules.KINDS

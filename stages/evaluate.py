@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> None:
                 "exit_share": fixed_at["exit_share"],
                 "thresholds": [s.threshold for s in fixed_at_macs.stages[:-1]], "ensemble_decay": a_decay}}
         curve_two_cnn = two_cnn_budget_curve(plain, test.images, y)
-        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind,
-                                                     routing_candidates(args.models, costs), decay=decay)
+        recorded = routing_candidates(args.models, costs, main_model.stages)
+        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind, recorded, decay=decay)
         for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static",
                      "default_static"):
             stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.evaluation import candidate_exits
+from pipeline.evaluation import candidate_exits, routing_candidates
+from pipeline.io import write_json
 from tests.routing.conftest import images
 
 
@@ -47,3 +48,24 @@ def test_candidate_exits_score_the_given_candidates_where_the_cascade_runs_one_p
     assert [r for r in rows if r["module"] == 3] == behind_one_path
     with pytest.raises(ValueError, match="candidates for 2 modules"):
         candidate_exits(single, x, labels, "maxprob", given[:2])
+
+
+class _Costs:
+    """The two things routing_candidates asks of a CostModel."""
+
+    n_modules = 3
+
+    def macs(self, k: int, arch) -> int:  # noqa: ANN001
+        return 1000 * k + len(arch.key())
+
+
+def test_routing_candidates_read_the_recorded_selection_else_keep_the_stage(tiny, tmp_path):  # noqa: ANN001
+    recorded = tiny.stages[1].candidates[::-1]
+    (tmp_path / "m2" / "select").mkdir(parents=True)
+    write_json(tmp_path / "m2" / "select" / "selection.json", {"candidates": [a.key() for a in recorded]})
+    got = routing_candidates(tmp_path, _Costs(), tiny.stages)
+    assert got[1] == (tuple(recorded), tuple(_Costs().macs(2, a) for a in recorded))
+    for k in (0, 2):  # no selection recorded: what the cascade's own stage runs
+        assert got[k] == (tuple(tiny.stages[k].candidates), tuple(tiny.stages[k].candidate_macs))
+    with pytest.raises(ValueError, match="3 modules"):
+        routing_candidates(tmp_path, _Costs(), tiny.stages[:2])
