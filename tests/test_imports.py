@@ -9,15 +9,15 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "pipeline"
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PKG.parent).with_suffix("").parts
+def module_name(path: Path, pkg: Path = PKG) -> str:
+    parts = path.relative_to(pkg.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
     """Module -> the ``pipeline`` modules it imports anywhere in its body (a package's import of its
     own submodules is not an edge: that is how packages re-export)."""
-    names = {module_name(p): p for p in pkg.rglob("*.py")}
+    names = {module_name(p, pkg): p for p in pkg.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in names.items():
         targets = set()

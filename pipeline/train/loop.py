@@ -262,18 +262,18 @@ class _Chunk:
     logits: torch.Tensor  # (b, K), detached
 
 
-def distillation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-    """KL(softmax(teacher) || softmax(student)), mean over the batch; the teacher is not trained by it."""
-    return F.kl_div(F.log_softmax(student, dim=-1), F.log_softmax(teacher.detach(), dim=-1), log_target=True,
-                    reduction="batchmean")
-
-
 def soft_target_loss(student: torch.Tensor, soft: torch.Tensor, temperature: float) -> torch.Tensor:
     """Hinton et al.'s distillation term: temperature^2 * KL(soft || softmax(student / temperature)),
     mean over the batch; ``soft`` (b, K) are a teacher's probabilities made at the same temperature."""
     log_q = F.log_softmax(student / temperature, dim=-1)  # (b, K)
     kl = (soft * (soft.clamp_min(1e-12).log() - log_q)).sum(dim=-1)  # (b,)
     return temperature**2 * kl.mean()
+
+
+def distillation_loss(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """:func:`soft_target_loss` from a teacher's logits (b, K) at temperature 1, KL(softmax(teacher) ||
+    softmax(student)); the teacher is not trained by it (in-place distillation from the largest path)."""
+    return soft_target_loss(student, torch.softmax(teacher.detach(), dim=-1), 1.0)
 
 
 def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch, p: _LossParams,
@@ -529,11 +529,13 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
     autocast(device, precision)  # a bad precision fails before any training
     w = distributed.world()
     rows = distributed.rank_rows(cfg.batch_size, min(cfg.m, cfg.batch_size) if supernet else 1, w).to(device)
-    soft_t = _soft_targets(soft_targets, labels, device) if cfg.kd > 0 else None
-    labels_t = torch.as_tensor(np.asarray(labels, dtype=np.int64), device=device)  # (N,)
-    # With soft targets the batches carry each image's row index (the same shuffle and augmentation
-    # draws as the labels would: only the gathered values differ); labels and targets are looked up.
-    carried = np.arange(len(labels), dtype=np.int64) if soft_t is not None else labels
+    soft_t, labels_t, carried = None, None, labels
+    if cfg.kd > 0:
+        # With soft targets the batches carry each image's row index (the same shuffle and augmentation
+        # draws as the labels would: only the gathered values differ); labels and targets are looked up.
+        soft_t = _soft_targets(soft_targets, labels, device)  # (N, K)
+        labels_t = torch.as_tensor(np.asarray(labels, dtype=np.int64), device=device)  # (N,)
+        carried = np.arange(len(labels), dtype=np.int64)
     data = prefix.batches(images, carried, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
                           flip=cfg.flip, erase=cfg.erase, drop_last=True, seed=cfg.seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # arch picks: own stream
@@ -566,7 +568,7 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
             if w.distributed:
                 x, y = x[rows], y[rows]  # (B / ranks, C, H, W): this rank's share of every chunk
             soft = None
-            if soft_t is not None:  # y holds row indices
+            if soft_t is not None and labels_t is not None:  # y holds row indices
                 soft, y = soft_t[y.to(device)], labels_t[y.to(device)]  # (B, K), (B,)
             x = as_memory_format(x, layout)  # (B, C, H, W), strides of the layout
             with autocast(device, precision):

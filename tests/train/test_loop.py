@@ -336,6 +336,11 @@ def test_distillation_loss_is_zero_for_identical_logits_and_positive_otherwise()
     z = torch.randn(5, 4)
     assert float(distillation_loss(z, z)) == pytest.approx(0.0, abs=1e-6)
     assert float(distillation_loss(z, z.flip(1))) > 0.01
+    teacher = torch.randn(5, 4, requires_grad=True)
+    kl = F.kl_div(F.log_softmax(z, dim=-1), F.log_softmax(teacher, dim=-1), log_target=True, reduction="batchmean")
+    loss = distillation_loss(z, teacher)
+    assert float(loss) == pytest.approx(float(kl.detach()), rel=1e-5)  # KL(teacher || student)
+    assert not loss.requires_grad  # the teacher is not trained by it (z needs no grad here)
 
 
 def test_soft_target_loss_is_zero_at_the_targets_and_scaled_by_temperature_squared() -> None:
