@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from pipeline.baselines import load_baselines, teacher_probabilities
+from pipeline.codegraph import ROOT, closure
 from pipeline.config import ComputeConfig, ConfigError, ModelConfig, TrackingConfig
 from pipeline.device import prefix_to
 from pipeline.io import atomic_path, curriculum_index, load_split, read_json, write_json
@@ -43,7 +44,7 @@ from pipeline.train.loop import (
 from pipeline.train.resume import checkpoint_key, clean_stale_temporaries
 from stages.common import StageFailed, cli, module_number, params_of, parser
 
-CODE = ("stages/train.py", "pipeline/train", "pipeline/models", "pipeline/search")  # what training runs
+CODE = tuple(closure("stages.train"))  # every project file this stage runs (its dvc.yaml code deps)
 
 
 def write_train_outputs(out: Path, module: torch.nn.Module, info: ModuleInfo, result: TrainResult) -> None:
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
               *(args.models / f"m{j}" / part for j in range(1, k) for part in ("train", "select")),
               *([args.teacher] if soft is not None else [])]
     root = Path(args.root)
-    key = checkpoint_key(k, cfg, info.to_json()["spec"], seed, inputs, (root / c for c in CODE))
+    key = checkpoint_key(k, cfg, info.to_json()["spec"], seed, inputs, (ROOT / c for c in CODE))
     cache = root / ".cache" / "train" / f"{name}-{key}"
     for stale in sorted(cache.parent.glob(f"{name}-*")) if cache.parent.is_dir() and world.main else []:
         if stale != cache:  # checkpoints of other inputs (changed since the kill): never resumable

@@ -1,56 +1,30 @@
-"""The library's import graph has no cycles, deferred (function-level) imports included: a cycle
-hidden behind an import inside a function still couples the two modules both ways."""
+"""The project's import graph (``pipeline.codegraph``): no cycles in the library, deferred
+(function-level) imports included, and one-way layers: stages are wiring over the library, so no
+stage imports another stage (``stages.common`` is their shared CLI helper) and the library imports
+neither ``stages`` nor ``bench``."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "pipeline"
+from pipeline.codegraph import ROOT, find_cycle, import_graph, imported_names, module_files
 
 
-def module_name(path: Path, pkg: Path = PKG) -> str:
-    parts = path.relative_to(pkg.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
-    """Module -> the ``pipeline`` modules it imports anywhere in its body (a package's import of its
-    own submodules is not an edge: that is how packages re-export)."""
-    names = {module_name(p, pkg): p for p in pkg.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in names.items():
-        targets = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                targets |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        graph[name] = {t for t in targets if t in names and t != name and not t.startswith(name + ".")}
-    return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle of ``graph`` as a path that starts and ends at the same module, or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state and (found := visit(nxt)):
-                return found
-        path.pop()
-        state[node] = 2
-        return None
-
-    for start in sorted(graph):
-        if start not in state and (found := visit(start)):
-            return found
-    return None
+def layering_violations(root: Path = ROOT) -> list[str]:
+    """``importer -> imported`` (the top two levels of the name) for every import that crosses a layer
+    the wrong way."""
+    bad = []
+    for name, path in module_files(root, ("pipeline", "stages")).items():
+        for target in sorted({".".join(t.split(".")[:2]) for t in imported_names(path)}):
+            top = target.split(".")[0]
+            if name.startswith("pipeline") and top in ("stages", "bench"):
+                bad.append(f"{name} -> {target}")
+            elif (name.startswith("stages.") and top == "stages" and target not in ("stages", "stages.common")
+                  and name != "stages.common"):
+                bad.append(f"{name} -> {target}")
+            elif name.startswith("stages") and top == "bench":
+                bad.append(f"{name} -> {target}")
+    return bad
 
 
 def test_find_cycle_sees_a_deferred_cycle() -> None:
@@ -59,7 +33,23 @@ def test_find_cycle_sees_a_deferred_cycle() -> None:
 
 
 def test_pipeline_has_no_import_cycle() -> None:
-    graph = import_graph()
+    graph = import_graph(packages=("pipeline",))
     assert "pipeline.choices" in graph["pipeline.config"]  # the graph sees real imports
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+def test_layers_are_one_way() -> None:
+    assert layering_violations() == []
+
+
+def test_a_planted_layer_violation_is_found(tmp_path: Path) -> None:
+    for pkg, files in {"pipeline": {"lib.py": "def f():\n    from stages.train import main\n"},
+                       "stages": {"common.py": "", "a.py": "from stages.common import x\nimport stages.b\n",
+                                  "b.py": "from bench.seeds import run\n"}}.items():
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+        for fname, text in files.items():
+            (tmp_path / pkg / fname).write_text(text)
+    assert layering_violations(tmp_path) == ["pipeline.lib -> stages.train", "stages.a -> stages.b",
+                                             "stages.b -> bench.seeds"]

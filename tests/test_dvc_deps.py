@@ -1,0 +1,69 @@
+"""Every DVC stage lists, as deps, every project file its command runs (read from the real import
+graph, deferred imports included), so an edit anywhere re-runs exactly the stages that execute it;
+and it lists no code it never runs, so an edit elsewhere re-runs nothing. The train stage's
+checkpoint key hashes the same files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.codegraph import ROOT, closure, code_deps, covered, missing_code_deps, unused_code_deps
+
+
+def dvc_stages(path: Path = ROOT / "dvc.yaml") -> dict[str, tuple[str, list[str]]]:
+    """Stage name -> (the ``stages.X`` module its cmd runs, its deps), ``foreach`` stages once each
+    (their deps are the same for every module but the ``${item...}`` ones)."""
+    out = {}
+    for name, stage in yaml.safe_load(path.read_text())["stages"].items():
+        body = stage.get("do", stage)
+        cmd = " ".join(body["cmd"]) if isinstance(body["cmd"], list) else body["cmd"]
+        found = re.search(r"python -m (stages\.\w+)", cmd)
+        assert found, f"{name}: cmd runs no stages module: {cmd}"
+        out[name] = (found.group(1), [d if isinstance(d, str) else next(iter(d)) for d in body.get("deps", [])])
+    return out
+
+
+STAGES = dvc_stages()
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_lists_every_file_it_runs(stage: str) -> None:
+    module, deps = STAGES[stage]
+    missing = missing_code_deps(module, deps)
+    assert not missing, (f"dvc.yaml stage {stage} misses code it runs: {[p.as_posix() for p in missing]}; "
+                         f"its code deps are `python -m pipeline.codegraph {module}`")
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_stage_lists_no_code_it_never_runs(stage: str) -> None:
+    module, deps = STAGES[stage]
+    assert not unused_code_deps(module, deps), f"{stage}: deps on code it never runs re-run it for nothing"
+
+
+def test_a_missing_dep_is_found() -> None:
+    """The check fails on a planted gap: evaluate's deps without the I/O helpers it runs."""
+    module, deps = STAGES["evaluate"]
+    assert missing_code_deps(module, [d for d in deps if d != "pipeline/io.py"]) == [Path("pipeline/io.py")]
+    # the generated list always satisfies the check, and directories cover their files
+    assert missing_code_deps(module, code_deps(module)) == []
+    assert covered(Path("pipeline/train/loop.py"), ["pipeline/train"])
+    assert not covered(Path("pipeline/train_extra.py"), ["pipeline/train"])
+
+
+def test_the_two_stale_cases_of_issue_29_rerun() -> None:
+    """An edit to ``curriculum_index`` (pipeline/io.py) re-runs train, search, select, calibrate and
+    evaluate; an edit to ``teacher_probabilities`` (pipeline/baselines.py) re-runs every train stage."""
+    for stage in ("ingest", "train", "search", "select", "calibrate", "evaluate"):
+        assert covered(Path("pipeline/io.py"), STAGES[stage][1]), stage
+    assert covered(Path("pipeline/baselines.py"), STAGES["train"][1])
+
+
+def test_checkpoint_key_hashes_what_train_runs() -> None:
+    import stages.train
+
+    assert set(stages.train.CODE) == set(closure("stages.train"))
+    assert Path("pipeline/baselines.py") in stages.train.CODE and Path("pipeline/io.py") in stages.train.CODE
