@@ -21,12 +21,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics", type=Path, default=Path("metrics/evaluate.json"))
     args = p.parse_args(argv)
     m = json.loads(args.metrics.read_text())
-    c, big, small, ts, orc = m["cascade"], m["largest_static"], m["smallest_static"], m["cascade_testset"], m["oracle"]
-    v, t = m["vs_largest_static"], m["timing"]
+    c, orc, ts = m["cascade"], m["oracle"], m["static_selection"]
+    big, small = m["largest_candidate_static"], m["smallest_candidate_static"]
+    v, t = m["vs_largest_candidate"], m["timing"]
     print(comparison_table(m))  # the cascade, its baselines and issue 9's targets, as evaluate printed them
     rows = [
-        ("largest static subnet (largest candidates)", big["accuracy"], big["mean_macs"]),
-        ("smallest static subnet, no exits", small["accuracy"], small["mean_macs"]),
+        ("cascade's paths, no exits (largest routing candidate)", big["accuracy"], big["mean_macs"]),
+        ("cascade's paths, no exits (smallest routing candidate)", small["accuracy"], small["mean_macs"]),
         ("default paths, no exits", m["default_static"]["accuracy"], m["default_static"]["mean_macs"]),
         ("largest path of the whole space, no exits", m["space_largest_static"]["accuracy"],
          m["space_largest_static"]["mean_macs"]),
@@ -41,17 +42,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nexit shares {c['exit_share']}; thresholds {[round(x, 4) for x in c['thresholds']]}")
     print(f"cascade: {t['cascade']['latency_ms_b1_median']:.3f} ms/image at batch 1, "
           f"{t['cascade']['throughput_b256']:.0f} images/s at batch 256")
-    print(f"largest static: {t['largest_static']['latency_ms_b1_median']:.3f} ms/image at batch 1, "
-          f"{t['largest_static']['throughput_b256']:.0f} images/s at batch 256")
+    print(f"its paths without exits: {t['largest_candidate_static']['latency_ms_b1_median']:.3f} ms/image at "
+          f"batch 1, {t['largest_candidate_static']['throughput_b256']:.0f} images/s at batch 256")
     checks = [
         ("cascade accuracy >= 93.0%", c["accuracy"] >= 0.93, f"{100 * c['accuracy']:.2f}%"),
-        ("within 0.3 points of largest static", v["accuracy_gap_points"] <= 0.3,
+        ("within 0.3 points of its paths without exits", v["accuracy_gap_points"] <= 0.3,
          f"gap {v['accuracy_gap_points']:+.2f} points"),
-        ("<= 30% of largest static's MACs", v["macs_share"] <= 0.30, f"{100 * v['macs_share']:.1f}%"),
+        ("<= 30% of its paths' MACs without exits", v["macs_share"] <= 0.30, f"{100 * v['macs_share']:.1f}%"),
         ("batch-256 speed-up >= 0.8 x MACs ratio", v["speedup_over_macs_ratio"] >= 0.8,
          f"{v['throughput_speedup_b256']:.2f}x vs {v['macs_ratio']:.2f}x ({v['speedup_over_macs_ratio']:.2f})"),
-        ("predictor routing beats calib-set selection", c["accuracy"] >= ts["accuracy"] and
-         c["mean_macs"] <= ts["mean_macs"],
+        # a tie (the predictor unused: the same model) is not a win; evaluate's routing target is stricter
+        ("predictor routing beats static selection", (c["accuracy"], -c["mean_macs"]) != (ts["accuracy"], -ts["mean_macs"])
+         and c["accuracy"] >= ts["accuracy"] and c["mean_macs"] <= ts["mean_macs"],
          f"{100 * (c['accuracy'] - ts['accuracy']):+.2f} points, {c['mean_macs'] - ts['mean_macs']:+,.0f} MACs"),
     ]
     print()

@@ -412,11 +412,3 @@ def evaluate_baselines(source: str | os.PathLike[str] | Baselines, images_uint8:
         TWO_CNN: two_cnn_result(conf, correct, cum, b.meta.threshold),
     }
 
-
-def two_cnn_budget_curve(source: str | os.PathLike[str] | Baselines, images_uint8: np.ndarray,
-                         labels: np.ndarray, points: int = 41) -> list[dict[str, float]]:
-    """Accuracy vs mean MACs of the two-CNN chain for thresholds in linspace(0, 1, points); rows as
-    ``pipeline.evaluation.budget_curve`` (``threshold``, ``accuracy``, ``mean_macs``)."""
-    from pipeline.evaluation import budget_curve  # lazily: evaluation may come to import this module
-
-    return budget_curve(*baseline_arrays(source, images_uint8, labels), points=points)

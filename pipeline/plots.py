@@ -100,7 +100,8 @@ def search_curves(path: str | os.PathLike[str], table, title: str) -> None:
 
 
 def budget_plot(path: str | os.PathLike[str], curves: dict[str, Sequence[dict]], points: dict[str, dict]) -> None:
-    """Accuracy vs average MACs: threshold sweeps of the cascade, and single operating points."""
+    """Accuracy vs average MACs: budget curves (thresholds fitted on calib per budget, read on test) and
+    single operating points."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, rows in curves.items():

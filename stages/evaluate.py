@@ -1,6 +1,8 @@
 """Evaluate the calibrated cascade on the test split (the only stage that reads it) against its
-baselines, in one run: each exit alone, the largest and the smallest static subnet without exits,
-the cascade with calib-set (claim 8) selection instead of predictors, and the oracle. Reports
+baselines, in one run: each exit alone, the cascade's own paths without exits (the largest and the
+smallest of each module's routing candidates), its static twin (every supernet on its claim-8 static
+choice instead of a predictor, calibrated the same way), the fixed cascade, and the oracle. Every
+operating point and every budget curve has its thresholds fitted on `calib` and read on test. Reports
 accuracy, average MACs, wall-clock latency at batch 1 and throughput at batch 256, exits per
 difficulty level, per-class accuracy and the confusion matrix; plots the budget and anytime curves.
 Each cascade runs with the exit ensemble its calibration chose (`ensemble_decay` in its manifest);
@@ -15,16 +17,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.baselines import evaluate_baselines, load_baselines, two_cnn_budget_curve
+from pipeline.baselines import baseline_arrays, evaluate_baselines, load_baselines
 from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.device import autocast, to_device
 from pipeline.evaluation import (
     all_exit_figures,
-    budget_curve,
+    fitted_curve,
     candidate_exits,
     cascade_summary,
     comparison_table,
     routing_candidates,
+    routing_table,
     target_checks,
     time_cascade,
     to_numpy,
@@ -40,8 +43,9 @@ from stages.common import cli, params_of, parser
 
 
 def static_stages(stages: list[Stage], costs: CostModel, which: str) -> list[Stage]:
-    """Every module on one fixed path, no predictor, no early exit. ``largest``/``smallest``: the most /
-    least expensive of the module's routing candidates (the subnets the cascade actually runs);
+    """Every module on one fixed path, no predictor, no early exit. ``largest_candidate`` /
+    ``smallest_candidate``: the most / least expensive of the paths the cascade's stage runs (with
+    no predictor: its one selected path, so both are the cascade without its early exits);
     ``space_largest``/``space_smallest``: the most / least expensive path in the whole search space;
     ``default``: every supernet on its spec's default path."""
     out = []
@@ -73,12 +77,14 @@ def test_levels(grader_path: Path, scores_csv: Path, images: np.ndarray, labels:
 
 def headline(results: dict) -> dict:
     """The handful of figures `dvc exp show` lists (short keys, narrow columns): the cascade's test
-    accuracy and mean MACs (millions), against the largest static path (MACs share, accuracy gap in
-    points, throughput speed-up at batch 256) and the plain CNN baselines' accuracies."""
-    cascade, vs, b = results["cascade"], results["vs_largest_static"], results["baselines"]
+    accuracy and mean MACs (millions), against its own paths without early exits (the largest routing
+    candidate per module: MACs share, accuracy gap in points, throughput speed-up at batch 256), its
+    static twin's accuracy and the plain CNN baselines' accuracies."""
+    cascade, vs, b = results["cascade"], results["vs_largest_candidate"], results["baselines"]
     return {"acc": round(cascade["accuracy"], 4), "mmacs": round(cascade["mean_macs"] / 1e6, 3),
             "macs_share": round(vs["macs_share"], 3), "gap_pts": round(vs["accuracy_gap_points"], 2),
             "speedup": round(vs["throughput_speedup_b256"], 2),
+            "static_acc": round(results["static_selection"]["accuracy"], 4),
             "cnn_acc": round(b["plain_large"]["accuracy"], 4),
             "cnn2_acc": round(b["two_cnn_cascade"]["accuracy"], 4)}
 
@@ -90,7 +96,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--graded", type=Path, required=True, help="directory written by grade (grading model)")
     p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
     p.add_argument("--model", type=Path, required=True, help="calibrated cascade (model directory)")
-    p.add_argument("--model-testset", type=Path, required=True, help="calib-set-selection cascade")
+    p.add_argument("--model-testset", type=Path, required=True,
+                   help="static-selection cascade: every supernet on its claim-8 static choice")
     p.add_argument("--model-fixed", type=Path, required=True,
                    help="fixed-path cascade (supernets on their default path, no predictors)")
     p.add_argument("--model-fixed-at-macs", type=Path, required=True,
@@ -108,7 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()
     costs = CostModel(read_json(args.profile))
-    test = load_split(args.data, "test")
+    test, calib = load_split(args.data, "test"), load_split(args.data, "calib")
+    grid = int((params.get("calibrate") or {}).get("grid", 50))
     main_model, testset_model = load_cascade(args.model, device), load_cascade(args.model_testset, device)
     fixed_model, plain = load_cascade(args.model_fixed, device), load_baselines(args.baselines)
     fixed_at_macs = load_cascade(args.model_fixed_at_macs, device)
@@ -116,29 +124,39 @@ def main(argv: list[str] | None = None) -> None:
     meta = main_model.meta
     kind, n_classes = meta.confidence_kind, len(meta.classes)
     x, y = preprocess(test.images, meta).to(device), test.labels
+    xc, yc = preprocess(calib.images, meta).to(device), calib.labels
     levels = test_levels(args.graded / "grader.pkl", args.graded / "scores.csv", test.images, y)
     torch.set_grad_enabled(False)
     with stage_run("evaluate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"model": str(args.model)}) as run, autocast(device, compute.precision):
         results: dict = {}
         decay, t_decay, f_decay = (m.meta.ensemble_decay for m in (main_model, testset_model, fixed_model))
-        cascade = cascade_summary(run_cascade(main_model.stages, x, confidence_kind=kind, batch_size=256,
-                                              ensemble_decay=decay), y, n_classes, levels)
+
+        def arrays(stages: list[Stage], images: torch.Tensor, labels: np.ndarray, d: float) -> dict:
+            return all_exit_figures(stages, images, labels, kind, d)
+
+        def curve_of(stages: list[Stage], d: float, on_test: dict) -> list[dict]:
+            on_calib = arrays(stages, xc, yc, d)
+            return fitted_curve(tuple(on_calib[k] for k in ("_conf", "_correct", "_cum")),
+                                tuple(on_test[k] for k in ("_conf", "_correct", "_cum")), grid=grid)
+
+        routed = run_cascade(main_model.stages, x, confidence_kind=kind, batch_size=256, ensemble_decay=decay)
+        cascade = cascade_summary(routed, y, n_classes, levels)
         cascade["ensemble_decay"] = decay
         cascade["thresholds"] = [s.threshold for s in main_model.stages[:-1]]
         results["cascade"] = cascade
-        results["cascade_testset"] = cascade_summary(
-            run_cascade(testset_model.stages, x, confidence_kind=kind, batch_size=256, ensemble_decay=t_decay),
-            y, n_classes, levels)
-        exits = all_exit_figures(main_model.stages, x, y, kind, decay)
+        results["static_selection"] = {
+            **cascade_summary(run_cascade(testset_model.stages, x, confidence_kind=kind, batch_size=256,
+                                          ensemble_decay=t_decay), y, n_classes, levels),
+            "ensemble_decay": t_decay, "thresholds": [s.threshold for s in testset_model.stages[:-1]]}
+        exits = arrays(main_model.stages, x, y, decay)
         results["each_exit"], results["oracle"] = exits["exits"], exits["oracle"]
         results["each_exit_alone"] = all_exit_figures(main_model.stages, x, y, kind)["exits"]  # no ensemble
-        curve = budget_curve(exits["_conf"], exits["_correct"], exits["_cum"])
-        t_exits = all_exit_figures(testset_model.stages, x, y, kind, t_decay)
-        curve_testset = budget_curve(t_exits["_conf"], t_exits["_correct"], t_exits["_cum"])
+        curve = curve_of(main_model.stages, decay, exits)
+        curve_static = curve_of(testset_model.stages, t_decay, arrays(testset_model.stages, x, y, t_decay))
         statics = {}
-        f_exits = all_exit_figures(fixed_model.stages, x, y, kind, f_decay)
-        curve_fixed = budget_curve(f_exits["_conf"], f_exits["_correct"], f_exits["_cum"])
+        f_exits = arrays(fixed_model.stages, x, y, f_decay)
+        curve_fixed = curve_of(fixed_model.stages, f_decay, f_exits)
         fixed = cascade_summary(run_cascade(fixed_model.stages, x, confidence_kind=kind, batch_size=256,
                                             ensemble_decay=f_decay), y, n_classes, None)
         a_decay = fixed_at_macs.meta.ensemble_decay
@@ -155,11 +173,14 @@ def main(argv: list[str] | None = None) -> None:
                 "accuracy": fixed_at["accuracy"], "mean_macs": fixed_at["mean_macs"],
                 "exit_share": fixed_at["exit_share"],
                 "thresholds": [s.threshold for s in fixed_at_macs.stages[:-1]], "ensemble_decay": a_decay}}
-        curve_two_cnn = two_cnn_budget_curve(plain, test.images, y)
+        curve_two_cnn = fitted_curve(baseline_arrays(plain, calib.images, yc), baseline_arrays(plain, test.images, y),
+                                     grid=grid)
         recorded = routing_candidates(args.models, costs, main_model.stages)
         results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind, recorded, decay=decay)
-        for name in ("largest_static", "smallest_static", "space_largest_static", "space_smallest_static",
-                     "default_static"):
+        results["routing"] = routing_table(main_model.stages, to_numpy(routed.choices), recorded,
+                                           results["candidate_exits"])
+        for name in ("largest_candidate_static", "smallest_candidate_static", "space_largest_static",
+                     "space_smallest_static", "default_static"):
             stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))
             out = run_cascade(stages, x, confidence_kind=kind, batch_size=256)
             statics[name] = (stages, {"accuracy": float((to_numpy(out.pred) == y).mean()),
@@ -168,48 +189,52 @@ def main(argv: list[str] | None = None) -> None:
             results[name] = statics[name][1]
         timing = {"cascade": time_cascade(main_model.stages, x, kind, batch1_images=args.batch1_images, big_batch=256,
                                           decay=decay),
-                  "largest_static": time_cascade(statics["largest_static"][0], x, kind,
-                                                 batch1_images=args.batch1_images, big_batch=256)}
-        big = results["largest_static"]
+                  "largest_candidate_static": time_cascade(statics["largest_candidate_static"][0], x, kind,
+                                                           batch1_images=args.batch1_images, big_batch=256)}
+        big = results["largest_candidate_static"]
         macs_ratio = big["mean_macs"] / cascade["mean_macs"]
-        speedup = timing["cascade"]["throughput_b256"] / timing["largest_static"]["throughput_b256"]
+        speedup = timing["cascade"]["throughput_b256"] / timing["largest_candidate_static"]["throughput_b256"]
         results["timing"] = timing
-        results["vs_largest_static"] = {
+        results["vs_largest_candidate"] = {
             "accuracy_gap_points": 100 * (big["accuracy"] - cascade["accuracy"]),
             "macs_share": cascade["mean_macs"] / big["mean_macs"], "macs_ratio": macs_ratio,
             "throughput_speedup_b256": speedup, "speedup_over_macs_ratio": speedup / macs_ratio,
-            "latency_speedup_b1": timing["largest_static"]["latency_ms_b1_median"]
+            "latency_speedup_b1": timing["largest_candidate_static"]["latency_ms_b1_median"]
             / timing["cascade"]["latency_ms_b1_median"]}
-        results["targets"] = target_checks(results, (curve, curve_fixed))
+        results["budget_curves"] = {"cascade": curve, "static_selection": curve_static, "fixed_cascade": curve_fixed,
+                                    "two_cnn_cascade": curve_two_cnn}
+        results["targets"] = target_checks(results)
         write_json(args.metrics, results)
         if args.headline is not None:
             write_json(args.headline, headline(results))
         with atomic_path(args.plots, is_dir=True) as tmp:
-            curves = {"cascade (selected routing)": curve, "cascade, calib-set selection": curve_testset,
+            curves = {"cascade (selected routing)": curve, "static selection (claim 8)": curve_static,
                       "fixed cascade (default paths)": curve_fixed, "two plain CNNs": curve_two_cnn}
-            pd.concat([pd.DataFrame(rows).assign(model=name) for name, rows in curves.items()]).to_csv(
+            pd.concat([pd.DataFrame([{**r, "thresholds": " ".join(f"{t:.4f}" for t in r["thresholds"])}
+                                     for r in rows]).assign(model=name) for name, rows in curves.items()]).to_csv(
                 tmp / "budget_curve.csv", index=False)
             pd.DataFrame(results["each_exit"]).to_csv(tmp / "anytime.csv", index=False)
             b = results["baselines"]
             points = {"cascade (calibrated)": cascade, "fixed cascade (calibrated)": b["fixed_cascade"],
                       "fixed cascade at the cascade's MACs": b["fixed_cascade_at_cascade_macs"],
                       "two plain CNNs (calibrated)": b["two_cnn_cascade"], "plain small CNN": b["plain_small"],
-                      "plain large CNN": b["plain_large"], "largest static": big, "oracle": exits["oracle"]}
+                      "plain large CNN": b["plain_large"], "cascade's paths, no exits": big,
+                      "oracle": exits["oracle"]}
             budget_plot(tmp / "budget_curve.png", curves, points)
             anytime_plot(tmp / "anytime.png", results["each_exit"])
             confusion_plot(tmp / "confusion.png", np.array(cascade["confusion"]), meta.classes)
         run.log_metrics({"test_accuracy": cascade["accuracy"], "test_mean_macs": cascade["mean_macs"],
-                         "testset_accuracy": results["cascade_testset"]["accuracy"],
-                         "largest_static_accuracy": big["accuracy"], "oracle_mean_macs": exits["oracle"]["mean_macs"],
-                         **{f"vs_largest_{k}": v for k, v in results["vs_largest_static"].items()}})
+                         "static_selection_accuracy": results["static_selection"]["accuracy"],
+                         "largest_candidate_accuracy": big["accuracy"], "oracle_mean_macs": exits["oracle"]["mean_macs"],
+                         **{f"vs_largest_candidate_{k}": v for k, v in results["vs_largest_candidate"].items()}})
         run.log_artifact(args.metrics)
         run.log_artifact(args.plots, "plots")
     print(comparison_table(results))
-    v = results["vs_largest_static"]
+    v = results["vs_largest_candidate"]
     print(f"evaluate: cascade {cascade['accuracy']:.4f} at {cascade['mean_macs']:,.0f} MACs (exits "
-          f"{cascade['exit_share']}); largest static {big['accuracy']:.4f} at {big['mean_macs']:,.0f}; "
-          f"calib-set selection {results['cascade_testset']['accuracy']:.4f} at "
-          f"{results['cascade_testset']['mean_macs']:,.0f}; oracle {exits['oracle']['mean_macs']:,.0f} MACs; "
+          f"{cascade['exit_share']}); its paths without exits {big['accuracy']:.4f} at {big['mean_macs']:,.0f}; "
+          f"static selection {results['static_selection']['accuracy']:.4f} at "
+          f"{results['static_selection']['mean_macs']:,.0f}; oracle {exits['oracle']['mean_macs']:,.0f} MACs; "
           f"MACs share {v['macs_share']:.3f}, speed-up {v['throughput_speedup_b256']:.2f}x vs MACs ratio "
           f"{v['macs_ratio']:.2f}x")
 

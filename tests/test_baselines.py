@@ -26,7 +26,6 @@ from pipeline.baselines import (
     save_baselines,
     teacher_probabilities,
     train_baseline,
-    two_cnn_budget_curve,
     two_cnn_threshold,
 )
 from pipeline.config import ConfigError
@@ -254,19 +253,14 @@ def test_evaluate_baselines_keys_and_figures(tmp_path: Path) -> None:
         evaluate_baselines(tmp_path, images[:, :, :8], labels)
 
 
-def test_two_cnn_budget_curve_rows(tmp_path: Path) -> None:
+def test_baseline_arrays_are_the_chain_as_two_exits(tmp_path: Path) -> None:
     small, large = stirred(2, 1), stirred(3, 2)
     meta = make_meta(small, large)
     save_baselines(tmp_path, small, large, meta)
     images, labels = random_data(30, seed=6)
-    rows = two_cnn_budget_curve(tmp_path, images, labels)
-    assert len(rows) == 41 and set(rows[0]) == {"threshold", "accuracy", "mean_macs"}
-    assert rows[0]["threshold"] == 0.0 and rows[-1]["threshold"] == 1.0
-    assert rows[0]["mean_macs"] == meta.macs_small  # t = 0: every image leaves at the small net
-    macs = [r["mean_macs"] for r in rows]
-    assert macs == sorted(macs)  # a higher threshold never costs less
     conf, correct, cum = baseline_arrays(tmp_path, images, labels)
     assert conf.shape == correct.shape == cum.shape == (30, 2)
+    assert (cum[:, 0] == meta.macs_small).all() and (cum[:, 1] == meta.macs_small + meta.macs_large).all()
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -1,7 +1,17 @@
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
-from pipeline.evaluation import budget_curve, cascade_summary, target_checks, vs_fixed_cascade
+from pipeline.evaluation import (
+    cascade_summary,
+    fitted_curve,
+    routing_table,
+    target_checks,
+    vs_fixed_cascade,
+    vs_static_selection,
+)
+from pipeline.routing.calibration import calib_front
 from pipeline.routing.engine import CascadeOutput
 
 
@@ -17,13 +27,36 @@ def test_cascade_summary_counts():
     assert s["exit_share_by_level"]["level_1"] == [1.0, 0.0, 0.0]
 
 
-def test_budget_curve_ends_at_first_and_last_exit():
+def test_calib_front_fits_each_budget_on_calib():
     conf = np.array([[0.9, 0.95], [0.4, 0.9], [0.6, 0.7]])
     correct = np.array([[True, True], [False, True], [False, True]])
     cum = np.array([[1.0, 3.0], [1.0, 3.0], [1.0, 3.0]])
-    rows = budget_curve(conf, correct, cum, points=11)
-    assert rows[0]["mean_macs"] == 1.0 and abs(rows[0]["accuracy"] - 1 / 3) < 1e-12  # t = 0: all leave at exit 1
-    assert rows[-1]["mean_macs"] == 3.0 and rows[-1]["accuracy"] == 1.0  # t = 1: nobody leaves early
+    front = calib_front(conf, correct, cum, grid=10, points=11)
+    assert front[0]["calib_mean_macs"] == 1.0 and abs(front[0]["calib_accuracy"] - 1 / 3) < 1e-12  # all at exit 1
+    assert front[-1]["calib_accuracy"] == 1.0 and abs(front[-1]["calib_mean_macs"] - 7 / 3) < 1e-12  # cheapest perfect
+    accs = [r["calib_accuracy"] for r in front]
+    assert accs == sorted(accs) and len({tuple(r["thresholds"]) for r in front}) == len(front)
+    assert all(r["calib_mean_macs"] <= r["budget_macs"] + 1e-9 for r in front)
+
+
+def test_fitted_curve_reads_calib_thresholds_on_test():
+    calib = (np.array([[0.9, 0.9], [0.4, 0.9]]), np.array([[True, True], [False, True]]),
+             np.array([[1.0, 3.0], [1.0, 3.0]]))
+    # on test the confident image is wrong at exit 1: a curve chosen on test would not exit it early
+    test = (np.array([[0.9, 0.9], [0.4, 0.9]]), np.array([[False, True], [False, True]]),
+            np.array([[1.0, 3.0], [1.0, 3.0]]))
+    rows = fitted_curve(calib, test, grid=10, points=5)
+    best_calib = rows[-1]  # calib's best: image 1 leaves early (right on calib, wrong on test)
+    assert best_calib["calib_accuracy"] == 1.0 and best_calib["accuracy"] == 0.5 and best_calib["mean_macs"] == 2.0
+
+
+def test_a_tie_with_the_static_twin_is_not_a_win():
+    point = lambda a, m: {"accuracy": a, "mean_macs": m}  # noqa: E731
+    assert not vs_static_selection(point(0.9296, 2.77e6), point(0.9296, 2.77e6))["met"]  # predictor unused
+    assert vs_static_selection(point(0.9293, 2.30e6), point(0.9296, 2.77e6))["met"]  # -0.03 pt at 0.83x
+    assert not vs_static_selection(point(0.9290, 2.30e6), point(0.9296, 2.77e6))["met"]  # -0.06 pt: not equal
+    assert vs_static_selection(point(0.9326, 2.77e6), point(0.9296, 2.77e6))["met"]  # +0.3 pt at equal MACs
+    assert not vs_static_selection(point(0.9330, 2.80e6), point(0.9296, 2.77e6))["met"]  # more MACs
 
 
 def _results(cascade_acc: float, cascade_macs: float, fixed_acc: float, fixed_macs: float) -> dict:
@@ -32,7 +65,8 @@ def _results(cascade_acc: float, cascade_macs: float, fixed_acc: float, fixed_ma
             "each_exit": [{"exit": 1, **point(0.90, 1.9e6)}],
             "baselines": {"two_cnn_cascade": point(0.92, 8e6), "fixed_cascade": point(fixed_acc, fixed_macs)},
             "candidate_exits": [{"accuracy": 0.91}, {"accuracy": 0.89}],
-            "space_largest_static": point(0.93, 9e6), "default_static": point(0.925, 7e6)}
+            "space_largest_static": point(0.93, 9e6), "default_static": point(0.925, 7e6),
+            "static_selection": point(cascade_acc, cascade_macs)}
 
 
 def test_target_checks_read_each_target_off_the_results():
@@ -43,6 +77,7 @@ def test_target_checks_read_each_target_off_the_results():
     assert checks["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]["met"]  # +0.4 pt
     assert not checks["every_routing_candidate_ge_0.90"]["met"]
     assert checks["space_largest_path_ge_default_path"]["met"]
+    assert not checks["routing_vs_static_selection_equal_acc_at_le_0.85x_macs_or_0.3pt_at_le_macs"]["met"]  # a tie
     worse = target_checks(_results(0.929, 4.5e6, 0.929, 5.0e6))  # equal accuracy at 0.9x MACs: not enough
     assert not worse["cascade_accuracy_ge_0.93"]["met"]
     assert not worse["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]["met"]
@@ -60,18 +95,20 @@ def test_vs_fixed_cascade_reads_the_fixed_cascade_held_to_the_cascades_macs():
     assert vs_fixed_cascade(point(0.93, 2.0e6), point(0.93, 2.6e6), None)["met"]  # equal accuracy at 0.77x
 
 
-def test_vs_fixed_cascade_reads_both_budget_curves_at_the_cascades_macs():
-    point = lambda a, m: {"accuracy": a, "mean_macs": m}  # noqa: E731
-    row = lambda a, m: {"threshold": 0.0, "accuracy": a, "mean_macs": m}  # noqa: E731
-    cascade, own = point(0.9304, 2.90e6), point(0.9278, 3.17e6)  # +0.26 pt at 0.91x: not enough alone
-    assert not vs_fixed_cascade(cascade, own, None)["met"]
-    ours = [row(0.905, 1.95e6), row(0.9289, 2.8e6), row(0.9297, 2.9e6), row(0.9321, 3.2e6)]
-    theirs = [row(0.905, 1.95e6), row(0.9240, 2.83e6), row(0.9252, 3.04e6), row(0.9300, 3.46e6)]
-    check = vs_fixed_cascade(cascade, own, None, (ours, theirs))
-    reading = check["measured_on_budget_curves"]
-    assert check["met"] and abs(reading["gain"] - (0.9297 - 0.9240)) < 1e-12  # both read within 2.90 M
-    assert abs(reading["macs_ratio_at_equal_accuracy"] - 2.90 / 3.46) < 1e-12  # 92.97% costs it 3.46 M
-    close = [row(0.905, 1.95e6), row(0.9280, 2.85e6), row(0.9300, 3.3e6)]  # +0.17 pt, 0.88x: neither
-    assert not vs_fixed_cascade(cascade, own, None, (ours, close))["met"]
-    never = vs_fixed_cascade(cascade, own, None, (ours, [row(0.90, 3.0e6)]))["measured_on_budget_curves"]
-    assert never["fixed_curve"] is None and never["gain"] is None and never["macs_ratio_at_equal_accuracy"] is None
+def test_routing_table_counts_what_the_cascade_ran():
+    path = lambda k: SimpleNamespace(key=lambda: k)  # noqa: E731
+    cheap, mid, big = path("cheap"), path("mid"), path("big")
+    fixed = SimpleNamespace(candidates=(path(""),), candidate_macs=(5,), predictor=None)
+    routed = SimpleNamespace(candidates=(cheap, big), candidate_macs=(10, 30), predictor=object())
+    static = SimpleNamespace(candidates=(mid,), candidate_macs=(20,), predictor=None)
+    choices = np.array([[0, 0, 0], [0, 1, -1], [0, 1, 0], [0, -1, -1]])
+    recorded = [((path(""),), (5,)), ((cheap, big), (10, 30)), ((cheap, big), (10, 30))]
+    rows = [{"module": 2, "path": "cheap", "accuracy": 0.9}, {"module": 2, "path": "big", "accuracy": 0.95}]
+    table = routing_table([fixed, routed, static], choices, recorded, rows)
+    assert [r["module"] for r in table] == [2, 3]  # a fixed module has nothing to route
+    two, three = table
+    assert two["predictor_used"] and two["images_reaching"] == 3
+    assert [(c["path"], c["routed_share"], c["exit_accuracy"]) for c in two["candidates"]] == [
+        ("cheap", 1 / 3, 0.9), ("big", 2 / 3, 0.95)]
+    assert not three["predictor_used"] and three["images_reaching"] == 2
+    assert [(c["path"], c["routed_share"]) for c in three["candidates"]] == [("cheap", 0), ("big", 0), ("mid", 1.0)]

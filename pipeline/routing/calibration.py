@@ -231,3 +231,28 @@ def choose_ensemble_decay(fits: dict[float, dict[str, Any]]) -> float:
     if not fits:
         raise ValueError("no exit-ensemble decays to choose from")
     return min(fits, key=lambda d: (-round(fits[d]["accuracy"], 12), round(fits[d]["mean_macs"], 6), d))
+
+
+def calib_front(conf: Any, correct: Any, cum_macs: Any, grid: int | Sequence[Sequence[float]] = 50,
+                points: int = 41) -> list[dict[str, Any]]:
+    """Thresholds fitted on these (calibration) arrays at ``points`` budgets spread over their cost
+    range: for budget B, the setting of the threshold sweep with the best accuracy at mean MACs <= B
+    (the cheaper one on a tie), as budget mode fits it. Consecutive budgets that fit the same setting
+    give one row: ``{"budget_macs", "thresholds", "calib_accuracy", "calib_mean_macs"}``. Reading these
+    rows on another split traces its budget curve with nothing fitted on that split."""
+    if points < 2:
+        raise ValueError(f"calib_front needs at least 2 budgets, got {points}")
+    _, sweep = calibrate_budget(conf, correct, cum_macs, math.inf, grid)
+    rows = sorted(sweep, key=lambda r: (r["mean_macs"], -r["accuracy"]))
+    front: list[dict[str, Any]] = []
+    best, i = None, 0
+    for budget in np.linspace(rows[0]["mean_macs"], rows[-1]["mean_macs"], points):
+        while i < len(rows) and rows[i]["mean_macs"] <= budget * (1 + TOLERANCE):
+            if best is None or rows[i]["accuracy"] > best["accuracy"] + TOLERANCE:
+                best = rows[i]
+            i += 1
+        if front and front[-1]["thresholds"] == [float(t) for t in best["thresholds"]]:
+            continue
+        front.append({"budget_macs": float(budget), "thresholds": [float(t) for t in best["thresholds"]],
+                      "calib_accuracy": float(best["accuracy"]), "calib_mean_macs": float(best["mean_macs"])})
+    return front

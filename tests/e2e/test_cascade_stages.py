@@ -40,8 +40,14 @@ def test_outputs_and_metrics(tiny_repo):
     assert (tiny_repo / "plots/search/m2/acc_vs_macs.png").exists()
     assert (tiny_repo / "plots/search/m2/entropy_mi.png").exists()
     evaluate = json.loads((tiny_repo / "metrics/evaluate.json").read_text())
-    for key in ("cascade", "cascade_testset", "largest_static", "smallest_static", "oracle", "each_exit", "timing"):
+    for key in ("cascade", "static_selection", "largest_candidate_static", "smallest_candidate_static", "oracle",
+                "each_exit", "timing", "routing", "budget_curves"):
         assert key in evaluate
+    # the routing table covers every module with several recorded candidates; its shares are the cascade's
+    for row in evaluate["routing"]:
+        reached = evaluate["cascade"]["module_calls"][row["module"] - 1]
+        assert row["images_reaching"] == reached
+        assert sum(c["routed_share"] for c in row["candidates"]) == pytest.approx(1.0 if reached else 0.0)
     cascade = evaluate["cascade"]
     # each share is rounded to 4 decimals, so their sum is 1 up to half a unit of the last digit each
     assert abs(sum(cascade["exit_share"]) - 1.0) <= 0.5e-4 * len(cascade["exit_share"]) + 1e-9
@@ -89,12 +95,11 @@ def test_fixed_cascade_is_also_held_to_the_cascades_macs(tiny_repo):
     assert row["thresholds"] == pytest.approx(matched["thresholds"])
     check = evaluate["targets"]["vs_fixed_cascade_0.3pt_at_equal_macs_or_0.8x_macs_at_equal_accuracy"]
     assert check["measured_at_equal_macs"][0] == pytest.approx(evaluate["cascade"]["accuracy"] - row["accuracy"])
-    # and off the two test budget curves that evaluate writes, at the cascade's MACs
-    reading = check["measured_on_budget_curves"]
-    assert reading["budget_macs"] == pytest.approx(evaluate["cascade"]["mean_macs"])
-    curves = pd.read_csv(tiny_repo / "plots/evaluate/budget_curve.csv")
-    fixed = curves[(curves.model == "fixed cascade (default paths)") & (curves.mean_macs <= reading["budget_macs"])]
-    assert reading["fixed_curve"] == (pytest.approx(fixed.accuracy.max()) if len(fixed) else None)
+    # every budget curve point has its thresholds fitted on calib (best calib accuracy within the budget)
+    for name, rows in evaluate["budget_curves"].items():
+        assert all(r["calib_mean_macs"] <= r["budget_macs"] * (1 + 1e-9) for r in rows), name
+        calib_accs = [r["calib_accuracy"] for r in rows]
+        assert calib_accs == sorted(calib_accs), name  # a larger budget never fits worse on calib
 
 
 def test_four_module_cascade_by_params_only(tiny_repo):
