@@ -22,10 +22,10 @@ from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.device import autocast, to_device
 from pipeline.evaluation import (
     all_exit_figures,
-    fitted_curve,
     candidate_exits,
     cascade_summary,
     comparison_table,
+    fitted_curve,
     routing_candidates,
     routing_table,
     target_checks,
