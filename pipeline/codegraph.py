@@ -76,8 +76,9 @@ def covered(path: Path, deps: list[str]) -> bool:
 
 
 def missing_code_deps(module: str, deps: list[str], root: Path = ROOT) -> list[Path]:
-    """The files ``module`` runs that no entry of ``deps`` covers."""
-    return [p for p in closure(module, root) if not covered(p, deps)]
+    """The files ``module`` runs that no entry of ``deps`` covers (an empty file, such as most
+    ``__init__.py``, runs nothing and need not be listed: once it holds code, it is missing)."""
+    return [p for p in closure(module, root) if not covered(p, deps) and (root / p).stat().st_size > 0]
 
 
 def unused_code_deps(module: str, deps: list[str], root: Path = ROOT,
@@ -114,10 +115,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def code_deps(module: str, root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
     """The shortest list of DVC deps covering what ``module`` runs: a package directory where the
-    module runs every file of it, else the files (what dvc.yaml lists; ``python -m pipeline.codegraph``
+    module runs every non-empty file of it, else the non-empty files (what dvc.yaml lists; ``python -m pipeline.codegraph``
     prints it)."""
-    ran = set(closure(module, root, packages))
-    everything = {p.relative_to(root) for p in module_files(root, packages).values()}
+    ran = {p for p in closure(module, root, packages) if (root / p).stat().st_size > 0}
+    everything = {p.relative_to(root) for p in module_files(root, packages).values() if p.stat().st_size > 0}
 
     def cover(directory: Path) -> list[str]:
         inside = sorted(p for p in everything if directory in p.parents)

@@ -54,6 +54,16 @@ def test_a_missing_dep_is_found() -> None:
     assert not covered(Path("pipeline/train_extra.py"), ["pipeline/train"])
 
 
+def test_an_empty_init_need_not_be_listed_until_it_holds_code(tmp_path: Path) -> None:
+    for name, text in {"pipeline/__init__.py": "", "pipeline/lib.py": "X = 1\n", "stages/__init__.py": "",
+                       "stages/s.py": "from pipeline.lib import X\n"}.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert missing_code_deps("stages.s", ["stages/s.py", "pipeline/lib.py"], tmp_path) == []
+    (tmp_path / "pipeline/__init__.py").write_text("import os\n")
+    assert missing_code_deps("stages.s", ["stages/s.py", "pipeline/lib.py"], tmp_path) == [Path("pipeline/__init__.py")]
+
+
 def test_the_two_stale_cases_of_issue_29_rerun() -> None:
     """An edit to ``curriculum_index`` (pipeline/io.py) re-runs train, search, select, calibrate and
     evaluate; an edit to ``teacher_probabilities`` (pipeline/baselines.py) re-runs every train stage."""
