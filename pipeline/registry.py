@@ -336,24 +336,27 @@ class Decision:
         return {**asdict(self), "model_uri": f"models:/{self.model_name}/{self.version}"}
 
 
-def log_version(model_dir: str | os.PathLike[str], cfg: RegisterConfig, example: pd.DataFrame) -> str:
-    """Log the cascade as a pyfunc model in the active run and register it as a new version of
-    ``cfg.model_name`` (no tag, no alias, no gate yet: see :func:`promote`); returns the version."""
-    return tracking.log_cascade_model(model_dir, cfg.model_name, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
+def log_version(model_dir: str | os.PathLike[str], example: pd.DataFrame) -> str:
+    """Log the cascade as a pyfunc model in the active run (the slow part, outside any lock); returns
+    its model URI. No version exists yet: :func:`promote` registers it, gated and tagged at once."""
+    return tracking.log_cascade_model(model_dir, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
 
 
-def promote(cfg: RegisterConfig, version: str | int, candidate: Mapping[str, float], tags: Mapping[str, str],
+def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float], tags: Mapping[str, str],
             *, curve: Sequence[tuple[float, float]] = (), root: str | os.PathLike[str] = ".",
             record: Callable[[Decision], None] | None = None) -> Decision:
-    """Gate ``version`` against the current champion and move the aliases, as one critical section.
+    """Gate the model at ``model_uri`` against the current champion, register it and move the aliases,
+    as one critical section.
 
     Under :func:`pipeline.tracking.registry_lock` (an inter-process file lock of the store) it reads
-    the champion, runs :func:`gate`, tags the version (``tags``, e.g. :func:`lineage_tags`, plus the
-    candidate's metrics and ``curve``, which later gates read, and the decision), points
-    ``challenger`` at it, moves ``champion`` to it if it passed, and calls ``record(decision)`` (the
-    stage writes ``register.json`` there). So concurrent runs on one store each gate against the
-    champion the previous one left, exactly one version is champion, and every recorded decision
-    agrees with the registry when it is recorded."""
+    the champion, runs :func:`gate`, registers the model as a new version that carries every tag from
+    its creation (``tags``, e.g. :func:`lineage_tags`, plus the candidate's metrics and ``curve``, which
+    later gates read, and the decision), points ``challenger`` at it, moves ``champion`` to it if it
+    passed, and calls ``record(decision)`` (the stage writes ``register.json`` there). So concurrent
+    runs on one store each gate against the champion the previous one left, exactly one version is
+    champion, every recorded decision agrees with the registry when it is recorded, and a run killed
+    at any moment leaves either no version or a tagged one (the gate's decision in its tags; a rerun
+    registers and gates anew)."""
     with tracking.registry_lock(root):
         previous = tracking.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
         previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
@@ -361,8 +364,8 @@ def promote(cfg: RegisterConfig, version: str | int, candidate: Mapping[str, flo
         decision_tags = {"gate": "passed" if passed else "failed", "gate.reasons": " | ".join(reasons)}
         if curve:
             decision_tags[CURVE_TAG] = json.dumps([[m, a] for m, a in curve])
-        all_tags = {**tags, **metric_tags(candidate), **decision_tags}
-        tracking.set_version_tags(cfg.model_name, version, all_tags, root=root)
+        version = tracking.register_version(cfg.model_name, model_uri,
+                                            {**tags, **metric_tags(candidate), **decision_tags})
         tracking.set_alias(cfg.model_name, CHALLENGER, version, root=root)
         if passed:
             tracking.set_alias(cfg.model_name, CHAMPION, version, root=root)
@@ -378,10 +381,9 @@ def register_cascade(model_dir: str | os.PathLike[str], cfg: RegisterConfig, can
                      tags: Mapping[str, str], example: pd.DataFrame, *, root: str | os.PathLike[str] = ".",
                      curve: Sequence[tuple[float, float]] = (),
                      record: Callable[[Decision], None] | None = None) -> Decision:
-    """Log and register the cascade in the active run (:func:`log_version`, outside the lock: it is the
-    slow part), then gate it and move the aliases (:func:`promote`, under the lock)."""
-    version = log_version(model_dir, cfg, example)
-    return promote(cfg, version, candidate, tags, curve=curve, root=root, record=record)
+    """Log the cascade in the active run (:func:`log_version`, outside the lock: it is the slow part),
+    then gate, register and tag it and move the aliases (:func:`promote`, under the lock)."""
+    return promote(cfg, log_version(model_dir, example), candidate, tags, curve=curve, root=root, record=record)
 
 
 def save_cascade_pyfunc(model_dir: str | os.PathLike[str], path: str | os.PathLike[str],

@@ -320,12 +320,12 @@ def _pyfunc_kwargs(model_dir: str | os.PathLike[str], code_dir: Path, input_exam
             "pip_requirements": _pinned(("mlflow", "torch", "torchvision", "numpy", "pandas", "pyyaml"))}
 
 
-def log_cascade_model(model_dir: str | os.PathLike[str], registered_name: str, input_example: Any,
+def log_cascade_model(model_dir: str | os.PathLike[str], input_example: Any,
                       input_columns: tuple[tuple[str, str], ...], output_columns: tuple[tuple[str, str], ...]
                       ) -> str:
-    """Log a cascade model directory as a pyfunc model in the active run and register it under
-    ``registered_name``; returns the new version. Input columns are all optional: a request fills
-    one of them per row."""
+    """Log a cascade model directory as a pyfunc model in the active run; returns its model URI. Nothing
+    is registered here (:func:`register_version` does it, with every tag at once). Input columns are all
+    optional: a request fills one of them per row."""
     import tempfile
 
     import mlflow
@@ -334,8 +334,19 @@ def log_cascade_model(model_dir: str | os.PathLike[str], registered_name: str, i
     with tempfile.TemporaryDirectory() as tmp:
         code = Path(tmp) / "pipeline"
         kwargs = _pyfunc_kwargs(model_dir, code, input_example, input_columns, output_columns)
-        info = mlflow.pyfunc.log_model(name="cascade", registered_model_name=registered_name, **kwargs)
-    return str(info.registered_model_version)
+        info = mlflow.pyfunc.log_model(name="cascade", **kwargs)
+    return str(info.model_uri)
+
+
+def register_version(name: str, model_uri: str, tags: Mapping[str, str]) -> str:
+    """A new version of registered model ``name`` (created if missing) for ``model_uri``, holding
+    ``tags`` from the moment it exists (the store writes the version and its tags in one transaction),
+    so no reader ever sees a version without its tags; returns the version number."""
+    import mlflow
+
+    _quiet()
+    version = mlflow.register_model(model_uri, name, tags={k: str(v)[:5000] for k, v in tags.items()})
+    return str(version.version)
 
 
 def save_cascade_model(model_dir: str | os.PathLike[str], path: str | os.PathLike[str], input_example: Any,
@@ -352,13 +363,6 @@ def save_cascade_model(model_dir: str | os.PathLike[str], path: str | os.PathLik
         kwargs = _pyfunc_kwargs(model_dir, code, input_example, input_columns, output_columns)
         mlflow.pyfunc.save_model(str(path), **kwargs)
     return Path(path)
-
-
-def set_version_tags(name: str, version: str | int, tags: Mapping[str, str], *,
-                     root: str | os.PathLike[str] = ".") -> None:
-    client = _client(root)
-    for key, value in tags.items():
-        client.set_model_version_tag(name, str(version), key, str(value)[:5000])
 
 
 def set_alias(name: str, alias: str, version: str | int, *, root: str | os.PathLike[str] = ".") -> None:

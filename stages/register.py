@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     example = image_frame(load_split(args.data, "test").images[:1])
     with stage_run("register", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"register": params["register"], "model": str(args.model)}) as run:
-        version = log_version(args.model, cfg, example)
-        decision = promote(cfg, version, candidate, tags, curve=curve, root=args.root,
+        model_uri = log_version(args.model, example)
+        decision = promote(cfg, model_uri, candidate, tags, curve=curve, root=args.root,
                            record=lambda d: write_json(args.out, d.to_dict()))
         run.log_metrics({"gate_passed": float(decision.passed), "registered_version": decision.version})
         run.set_tags({"gate": "passed" if decision.passed else "failed",

@@ -72,6 +72,11 @@ def test_the_two_stale_cases_of_issue_29_rerun() -> None:
     assert covered(Path("pipeline/baselines.py"), STAGES["train"][1])
 
 
+def test_register_lists_the_package_its_model_carries() -> None:
+    """register copies all of pipeline/ into the registered model (``tracking._pyfunc_kwargs``)."""
+    assert "pipeline" in STAGES["register"][1]
+
+
 def test_checkpoint_key_hashes_what_train_runs() -> None:
     import stages.train
 

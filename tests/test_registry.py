@@ -423,6 +423,30 @@ def test_register_stage_on_the_embedded_store(tmp_path: Path, model_dir: Path,
     assert json.loads(champion["tags"][CURVE_TAG]) == [[800.0, 0.89], [1100.0, 0.95]]
 
 
+def test_a_register_killed_before_the_gate_leaves_no_version(tmp_path: Path, model_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed after the model is logged, before the gate: no version exists (none without tags, none a
+    candidate); the rerun registers version 1, tagged and champion."""
+    import stages.register
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
+
+    def killed(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt  # what SIGINT raises; SIGKILL stops at the same point with less grace
+
+    with monkeypatch.context() as mp:
+        mp.setattr(stages.register, "promote", killed)
+        with pytest.raises((KeyboardInterrupt, SystemExit)):
+            run_stage(root, model_dir)
+    client = tracking._client(root)
+    assert client.search_model_versions("name = 'stage-cascade'") == []
+    assert run_stage(root, model_dir) == 0
+    versions = client.search_model_versions("name = 'stage-cascade'")
+    assert [int(v.version) for v in versions] == [1] and versions[0].tags["gate"] == "passed"
+    assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
+
+
 def test_register_stage_errors(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
     write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.9}})
