@@ -100,29 +100,52 @@ def time_cascade(stages: Sequence[Stage], x: torch.Tensor, kind: str, *, batch1_
     return {"latency_ms_b1_median": statistics.median(singles), "throughput_b%d" % big_batch: len(x) / best}
 
 
-def candidate_exits(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
-                    candidates: Sequence[tuple[Sequence[Arch], Sequence[int]]] | None = None,
-                    decay: float = 0.0) -> list[dict[str, Any]]:
-    """Each routing candidate of each module with several as a standalone exit: modules before it as
-    the cascade runs them, module k fixed to the candidate, no early exit. ``candidates``: per module,
-    its routing candidates and their MACs (default: the stages' own, which hold a single path where the
-    predictor is not used, so pass the select stage's set, ``routing_candidates``, to score them all).
-    One row per candidate: ``{"module", "path", "macs", "accuracy"}`` where ``macs`` is the mean cost
-    of reaching that exit."""
+def candidate_correct(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
+                      candidates: Sequence[tuple[Sequence[Arch], Sequence[int]]] | None = None,
+                      decay: float = 0.0) -> dict[int, dict[str, Any]]:
+    """Per module with several routing candidates (1-based key): each candidate as a standalone exit,
+    the modules before it as the cascade runs them, no early exit: ``paths``, ``macs`` (mean cost of
+    reaching that exit), ``module_macs`` and ``correct`` (N, R) per image. ``candidates``: per module,
+    its routing candidates and their MACs (default: the stages' own, which hold a single path where
+    the predictor is not used, so pass the select stage's set, ``routing_candidates``, to score them
+    all)."""
     if candidates is None:
         candidates = [(s.candidates, s.candidate_macs) for s in stages]
     if len(candidates) != len(stages):
         raise ValueError(f"candidates for {len(candidates)} modules, the cascade has {len(stages)}")
-    rows = []
+    out = {}
     for k, (stage, (archs, costs)) in enumerate(zip(stages, candidates, strict=True)):
         if len(archs) < 2:
             continue
+        correct, reach = [], []
         for arch, macs in zip(archs, costs, strict=True):
             fixed = Stage(stage.module, (arch,), (macs,), float("inf"))
             outs = run_all_exits([*stages[:k], fixed], x, confidence_kind=kind, batch_size=512, ensemble_decay=decay)
-            rows.append({"module": k + 1, "path": arch.key(), "macs": float(outs["cum_macs"][:, -1].double().mean()),
-                         "accuracy": float((to_numpy(outs["pred"][:, -1]) == labels).mean())})
-    return rows
+            correct.append(to_numpy(outs["pred"][:, -1]) == labels)
+            reach.append(float(outs["cum_macs"][:, -1].double().mean()))
+        out[k + 1] = {"paths": [a.key() for a in archs], "macs": reach, "module_macs": [int(m) for m in costs],
+                      "correct": np.stack(correct, axis=1)}
+    return out
+
+
+def candidate_exits(scored: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per routing candidate of ``candidate_correct``: ``{"module", "path", "macs",
+    "accuracy"}`` where ``macs`` is the mean cost of reaching that exit."""
+    return [{"module": k, "path": path, "macs": macs, "accuracy": float(c["correct"][:, j].mean())}
+            for k, c in scored.items() for j, (path, macs) in enumerate(zip(c["paths"], c["macs"], strict=True))]
+
+
+def routing_oracle(scored: dict[int, dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Per module, the headroom any predictor has: per image the cheapest candidate whose exit answers
+    right (the cheapest candidate where none does), as accuracy and mean module MACs at that exit."""
+    out = {}
+    for k, c in scored.items():
+        correct, macs = c["correct"], np.asarray(c["module_macs"], dtype=np.float64)
+        order = np.argsort(macs, kind="stable")
+        right = correct[:, order]  # (N, R), cheapest candidate first
+        first = np.where(right.any(axis=1), np.argmax(right, axis=1), 0)
+        out[k] = {"accuracy": float(right.any(axis=1).mean()), "mean_module_macs": float(macs[order][first].mean())}
+    return out
 
 
 def routing_candidates(models: Path, costs: CostModel,
@@ -146,7 +169,7 @@ def routing_candidates(models: Path, costs: CostModel,
 
 def routing_table(stages: Sequence[Stage], choices: np.ndarray,
                   recorded: Sequence[tuple[Sequence[Arch], Sequence[int]]],
-                  candidate_rows: Sequence[dict]) -> list[dict[str, Any]]:
+                  candidate_rows: Sequence[dict], oracle_rows: dict[int, dict] | None = None) -> list[dict[str, Any]]:
     """Per supernet with several recorded routing candidates: whether its predictor routes, and per
     candidate its path, module MACs, accuracy on test as an exit (``candidate_exits``) and the share of
     the images reaching the module that the cascade ran on it. ``choices`` is ``run_cascade``'s
@@ -166,7 +189,8 @@ def routing_table(stages: Sequence[Stage], choices: np.ndarray,
         table.append({"module": k + 1, "predictor_used": stage.predictor is not None and len(stage.candidates) > 1,
                       "images_reaching": int(reached.sum()),
                       "candidates": [{"path": path, "module_macs": m, "exit_accuracy": acc.get(path),
-                                      "routed_share": ran.count(path) / n} for path, m in paths]})
+                                      "routed_share": ran.count(path) / n} for path, m in paths],
+                      "oracle": (oracle_rows or {}).get(k + 1)})
     return table
 
 
@@ -179,6 +203,10 @@ def routing_lines(results: dict[str, Any]) -> list[str]:
         for c in row["candidates"]:
             acc = "     -" if c["exit_accuracy"] is None else f"{100 * c['exit_accuracy']:5.2f}%"
             lines.append(f"  {c['path']:40s} {c['module_macs']:12,d} MACs  exit {acc}  share {100 * c['routed_share']:5.1f}%")
+        if row.get("oracle"):
+            o = row["oracle"]
+            lines.append(f"  oracle (cheapest right candidate per image): exit {100 * o['accuracy']:5.2f}% at "
+                         f"{o['mean_module_macs']:,.0f} module MACs")
     if "static_selection" in results:
         c, s = results["cascade"], results["static_selection"]
         lines.append(f"routed {100 * c['accuracy']:.2f}% at {c['mean_macs']:,.0f} MACs vs static selection "

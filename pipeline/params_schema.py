@@ -297,6 +297,7 @@ def _train_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 SEARCH = {
     "samples": Int(ge=1, default=16),
     "pareto_max": Int(ge=1, default=3),
+    "spread": Int(ge=0, default=0),  # 0, or >= 2: extra subnets across the whole cost range for the front
 }
 
 SELECT = {

@@ -22,11 +22,13 @@ from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.device import autocast, to_device
 from pipeline.evaluation import (
     all_exit_figures,
+    candidate_correct,
     candidate_exits,
     cascade_summary,
     comparison_table,
     fitted_curve,
     routing_candidates,
+    routing_oracle,
     routing_table,
     target_checks,
     time_cascade,
@@ -176,9 +178,10 @@ def main(argv: list[str] | None = None) -> None:
         curve_two_cnn = fitted_curve(baseline_arrays(plain, calib.images, yc), baseline_arrays(plain, test.images, y),
                                      grid=grid)
         recorded = routing_candidates(args.models, costs, main_model.stages)
-        results["candidate_exits"] = candidate_exits(main_model.stages, x, y, kind, recorded, decay=decay)
+        scored = candidate_correct(main_model.stages, x, y, kind, recorded, decay=decay)
+        results["candidate_exits"] = candidate_exits(scored)
         results["routing"] = routing_table(main_model.stages, to_numpy(routed.choices), recorded,
-                                           results["candidate_exits"])
+                                           results["candidate_exits"], routing_oracle(scored))
         for name in ("largest_candidate_static", "smallest_candidate_static", "space_largest_static",
                      "space_smallest_static", "default_static"):
             stages = static_stages(main_model.stages, costs, name.removesuffix("_static"))

@@ -2,7 +2,10 @@
 P(N) (uniform for the uniform-sampler ablation), evaluate each on the `route` split with the shared
 weights (accuracy, perf, MACs; measured latencies go to the metrics file and MLflow only, so that
 search.json is identical between identical runs), keep the best perf as the target and the accuracy-MACs
-Pareto set as the routing candidates. Plots: entropy and MI per iteration; accuracy vs MACs."""
+Pareto set as the routing candidates; with `search.spread` > 0, the front is taken over those draws and
+as many more subnets spread across the whole space's cost range (its cheapest and largest paths and
+uniform draws nearest evenly spaced costs), so the candidates span the costs routing can trade.
+Plots: entropy and MI per iteration; accuracy vs MACs."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import load_module
 from pipeline.plots import pareto_plot, search_curves
 from pipeline.routing.assemble import load_prefix
-from pipeline.search.candidates import evaluate_candidates, pareto_front
+from pipeline.search.candidates import evaluate_candidates, pareto_front, spread_archs
 from pipeline.search.probmodel import ProbModel
 from pipeline.tracking import stage_run
 from pipeline.train.loop import module_train_config
@@ -58,9 +61,11 @@ def main(argv: list[str] | None = None) -> None:
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
     s = section(params, "search")
-    samples, max_pareto = int(s.get("samples", 16)), int(s.get("pareto_max", 3))
+    samples, max_pareto, spread = int(s.get("samples", 16)), int(s.get("pareto_max", 3)), int(s.get("spread", 0))
     if samples < 1 or max_pareto < 1:
         raise ConfigError("params: search.samples and search.pareto_max must be at least 1")
+    if spread == 1:
+        raise ConfigError("params: search.spread must be 0 or at least 2 (the cheapest and the largest path)")
     seed = int(params.get("seed", 0))
     cfg = module_train_config(params, name, seed)
     compute = ComputeConfig.from_params(params)
@@ -79,8 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         archs = model.sample_distinct(samples, rng)
         if model.most_likely() not in archs:
             archs.append(model.most_likely())
+        extra = [a for a in spread_archs(module.space, costs.table["modules"][k - 1]["op_macs"],
+                                         lambda a: costs.macs(k, a), spread, rng) if a not in archs] if spread else []
     else:
-        model, archs = None, [module.default_arch()]
+        model, archs, extra = None, [module.default_arch()], []
     with torch.inference_mode(), autocast(device, compute.precision):
         batches = prefix.batches(route.images, route.labels, 512, device)
         feats, ys = zip(*((prefix(x), y) for x, y in batches), strict=True)
@@ -88,13 +95,16 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run(f"search@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"search": dict(s), "module": k, "sampler": cfg.sampler}) as run:
         with autocast(device, compute.precision):
-            rows = evaluate_candidates(module, features, labels, archs, macs_of=lambda a: costs.macs(k, a),
-                                       latency_of=lambda a, b: costs.latency_ms(k, a, b),
-                                       cost_max=costs.max_macs(k), lambda_c=cfg.lambda_c)
-        latency = split_timings(rows)
-        target = max(rows, key=lambda r: r["perf"])
-        front = pareto_front(rows, max_pareto)
+            rows, spread_rows = (evaluate_candidates(module, features, labels, group, macs_of=lambda a: costs.macs(k, a),
+                                                     latency_of=lambda a, b: costs.latency_ms(k, a, b),
+                                                     cost_max=costs.max_macs(k), lambda_c=cfg.lambda_c)
+                                 for group in (archs, extra))
+        latency = {**split_timings(rows), **split_timings(spread_rows)}
+        target = max(rows, key=lambda r: r["perf"])  # method B's pick: P(N)'s draws only
+        front = pareto_front(rows + spread_rows, max_pareto)
         result = search_result(k, cfg.sampler, rows, target, front, model)
+        if spread_rows:
+            result["spread"] = spread_rows
         out_dir = args.models / name / "search"
         with atomic_path(out_dir, is_dir=True) as tmp:
             write_json(tmp / "search.json", result)
@@ -105,8 +115,11 @@ def main(argv: list[str] | None = None) -> None:
                    **{f"target_{key}": v for key, v in latency[target["arch"]].items()}}
         write_json(args.metrics, metrics)
         with atomic_path(args.plots, is_dir=True) as tmp:
-            pd.DataFrame(rows).assign(pareto=[r in front for r in rows]).to_csv(tmp / "candidates.csv", index=False)
-            pareto_plot(tmp / "acc_vs_macs.png", rows, front, target, title=f"module {k}: candidates on route")
+            every = rows + spread_rows
+            pd.DataFrame(every).assign(pareto=[r in front for r in every],
+                                       drawn_from=["P(N)"] * len(rows) + ["spread"] * len(spread_rows)).to_csv(
+                tmp / "candidates.csv", index=False)
+            pareto_plot(tmp / "acc_vs_macs.png", every, front, target, title=f"module {k}: candidates on route")
             iters = train_dir / "iterations.csv"
             if iters.exists():
                 table = pd.read_csv(iters)

@@ -8,15 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.evaluation import candidate_exits, routing_candidates
+from pipeline.evaluation import candidate_correct, candidate_exits, routing_candidates, routing_oracle
 from pipeline.io import write_json
 from tests.routing.conftest import images
+
+
+def scored_rows(stages, x, labels, kind, given=None):  # noqa: ANN001, ANN201
+    return candidate_exits(candidate_correct(stages, x, labels, kind, given))
 
 
 def test_candidate_exits_score_each_candidate_behind_the_cascade(tiny):  # noqa: ANN001
     x = images(40, seed=5)
     labels = np.arange(40) % 4
-    rows = candidate_exits(tiny.stages, x, labels, "maxprob")
+    rows = scored_rows(tiny.stages, x, labels, "maxprob")
     assert [(r["module"], r["path"]) for r in rows] == [
         (k + 1, a.key()) for k, s in enumerate(tiny.stages) if len(s.candidates) > 1 for a in s.candidates]
     with torch.no_grad():
@@ -35,19 +39,28 @@ def test_candidate_exits_score_the_given_candidates_where_the_cascade_runs_one_p
     labels = np.arange(40) % 4
     single = [dataclasses.replace(s, candidates=s.candidates[:1], candidate_macs=s.candidate_macs[:1],
                                   predictor=None) for s in tiny.stages]
-    assert candidate_exits(single, x, labels, "maxprob") == []
+    assert scored_rows(single, x, labels, "maxprob") == []
     given = [(s.candidates, s.candidate_macs) for s in tiny.stages]
-    rows = candidate_exits(single, x, labels, "maxprob", given)
+    rows = scored_rows(single, x, labels, "maxprob", given)
     assert [(r["module"], r["path"]) for r in rows] == [
         (k + 1, a.key()) for k, s in enumerate(tiny.stages) if len(s.candidates) > 1 for a in s.candidates]
     # module 2's candidates sit behind module 1 alone, as in the routed cascade
-    routed = candidate_exits(tiny.stages, x, labels, "maxprob")
+    routed = scored_rows(tiny.stages, x, labels, "maxprob")
     assert [r for r in rows if r["module"] == 2] == [r for r in routed if r["module"] == 2]
     # module 3's sit behind module 2 as this cascade runs it: its one path, no predictor
-    behind_one_path = candidate_exits([*single[:2], tiny.stages[2]], x, labels, "maxprob")
+    behind_one_path = scored_rows([*single[:2], tiny.stages[2]], x, labels, "maxprob")
     assert [r for r in rows if r["module"] == 3] == behind_one_path
     with pytest.raises(ValueError, match="candidates for 2 modules"):
-        candidate_exits(single, x, labels, "maxprob", given[:2])
+        scored_rows(single, x, labels, "maxprob", given[:2])
+
+
+def test_routing_oracle_takes_the_cheapest_right_candidate_per_image() -> None:
+    correct = np.array([[True, True, False], [False, True, True], [False, False, True], [False, False, False]])
+    scored = {3: {"paths": ["big", "cheap", "mid"], "macs": [0, 0, 0], "module_macs": [30, 10, 20],
+                  "correct": correct}}
+    oracle = routing_oracle(scored)[3]
+    assert oracle["accuracy"] == 0.75
+    assert oracle["mean_module_macs"] == (10 + 10 + 20 + 10) / 4  # cheap, cheap, mid, none right: cheapest
 
 
 class _Costs:

@@ -1,7 +1,11 @@
 import torch
 
 from pipeline.models.modules import ModuleSpec, build_module
-from pipeline.search.candidates import evaluate_candidates, pareto_front
+import numpy as np
+import pytest
+
+from pipeline.search.candidates import evaluate_candidates, pareto_front, spread_archs
+from pipeline.search.space import Decision, SearchSpace
 
 
 def row(acc, macs):
@@ -35,3 +39,20 @@ def test_evaluate_candidates_perf_and_accuracy():
         assert abs(r["acc"] - float((logits.argmax(1) == y).double().mean())) < 1e-9
         ce = float(torch.nn.functional.cross_entropy(logits, y))
         assert abs(r["perf"] - (-ce - 0.5 * r["macs"] / 100)) < 1e-5
+
+
+def test_spread_archs_span_the_whole_cost_range():
+    ops = {"skip": 0, "dw3": 10, "conv3": 100}
+    space = SearchSpace(tuple(Decision(f"l{j}", tuple(ops)) for j in range(4)))
+    table = {f"l{j}": dict(ops) for j in range(4)}
+
+    def macs(arch):
+        return 5 + sum(ops[c] for _, c in arch.items)
+
+    picks = spread_archs(space, table, macs, 5, np.random.default_rng(0))
+    costs = [macs(a) for a in picks]
+    assert len(set(picks)) == 5 and costs[0] == 5 and costs[-1] == 405  # the cheapest and the largest path
+    assert costs == sorted(costs) and all(50 < c < 350 for c in costs[1:-1])  # the rest spread between
+    assert spread_archs(space, table, macs, 5, np.random.default_rng(0)) == picks  # deterministic
+    with pytest.raises(ValueError, match="at least 2"):
+        spread_archs(space, table, macs, 1, np.random.default_rng(0))
