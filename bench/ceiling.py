@@ -56,8 +56,9 @@ from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
 from pipeline.routing.engine import combine_exits
+from pipeline.train.config import module_train_config
 from pipeline.train.data import ImageBatches, epoch_seed, random_crop
-from pipeline.train.loop import distillation_loss, module_train_config
+from pipeline.train.steps import distillation_loss
 
 DECAYS = (0.25, 0.5)
 

@@ -31,7 +31,9 @@ from pipeline.device import device_name, resolve_device
 from pipeline.models.cascade import build_modules, feature_shapes
 from pipeline.models.cost import fixed_macs, op_mac_table
 from pipeline.models.profile import CostModel
-from pipeline.train.loop import Prefix, TrainConfig, train_module
+from pipeline.train.config import TrainConfig
+from pipeline.train.loop import train_module
+from pipeline.train.prefix import Prefix
 
 DEVICES = ("cpu", "cuda")
 

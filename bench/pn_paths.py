@@ -21,7 +21,7 @@ from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
 from pipeline.routing.assemble import load_prefix
 from pipeline.search.probmodel import ProbModel, max_entropy
-from pipeline.train.loop import evaluate_path
+from pipeline.train.paths import evaluate_path
 
 
 def module_report(models: Path, k: int, costs: CostModel, split, paths: int, seed: int) -> dict | None:

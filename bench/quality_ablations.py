@@ -39,14 +39,11 @@ from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
 from pipeline.search.probmodel import max_entropy
-from pipeline.train.loop import (
-    Prefix,
-    TrainConfig,
-    evaluate_path,
-    extreme_archs,
-    recalibrate_batchnorm,
-    train_module,
-)
+from pipeline.train.config import TrainConfig
+from pipeline.train.loop import train_module
+from pipeline.train.paths import evaluate_path, recalibrate_batchnorm
+from pipeline.train.prefix import Prefix
+from pipeline.train.steps import extreme_archs
 
 
 def curriculum_subset(train, scores: pd.DataFrame, module: int, levels: int, mode: str, weight: int):

@@ -54,7 +54,10 @@ from pipeline.models.modules import NO_ARCH, ModuleSpec, SupernetModule, build_m
 from pipeline.search.probmodel import ProbModel  # noqa: E402
 from pipeline.search.ranking import choose_subnets, kendall_tau, spearman_rho  # noqa: E402
 from pipeline.search.space import Arch  # noqa: E402
-from pipeline.train.loop import Prefix, TrainConfig, evaluate_path, train_module  # noqa: E402
+from pipeline.train.config import TrainConfig  # noqa: E402
+from pipeline.train.loop import train_module
+from pipeline.train.paths import evaluate_path
+from pipeline.train.prefix import Prefix
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "uniform": {"sampler": "uniform"},

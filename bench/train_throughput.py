@@ -21,10 +21,12 @@ import numpy as np
 import torch
 
 from pipeline.config import DataConfig, ModelConfig, deep_merge, load_params
+from pipeline.device import MEMORY_FORMATS
 from pipeline.models.cascade import build_modules, feature_shapes
 from pipeline.models.cost import count_macs
-from pipeline.device import MEMORY_FORMATS
-from pipeline.train.loop import Prefix, TrainConfig, train_module
+from pipeline.train.config import TrainConfig
+from pipeline.train.loop import train_module
+from pipeline.train.prefix import Prefix
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,10 @@ from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, confidence
 from pipeline.models.ops import ConvBNReLU
 from pipeline.routing.calibration import calibrate_delta, simulate_thresholds
 from pipeline.search.space import Arch, SearchSpace
-from pipeline.train.loop import SCHEDULES, Prefix, TrainConfig, module_outputs, train_module
+from pipeline.train.config import SCHEDULES, TrainConfig
+from pipeline.train.loop import train_module
+from pipeline.train.paths import module_outputs
+from pipeline.train.prefix import Prefix
 
 SMALL, LARGE, TWO_CNN = "plain_small", "plain_large", "two_cnn_cascade"
 META_FILE = "baselines.json"

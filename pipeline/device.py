@@ -88,7 +88,7 @@ def to_device(modules: Iterable[nn.Module | None], device: torch.device) -> None
 
 
 def prefix_to(prefix: Any, device: torch.device) -> Any:
-    """Move the frozen modules of a ``pipeline.train.loop.Prefix`` in place; returns the prefix."""
+    """Move the frozen modules of a ``pipeline.train.prefix.Prefix`` in place; returns the prefix."""
     to_device((m for m, _ in prefix.stages), device)
     return prefix
 

@@ -37,8 +37,8 @@ KINDS = ("fixed", "supernet")  # pipeline.models.modules.KINDS
 HEADS = ("pool_mlp", "gap")  # pipeline.models.modules.HEADS
 # pipeline.models.ops.OPS
 OPS = ("conv3", "conv5", "dw3", "dw5", "ir3_e3", "ir3_e6", "ir5_e3", "ir5_e6", "skip")
-SCHEDULES = ("cosine", "step", "constant")  # pipeline.train.loop.SCHEDULES
-SAMPLERS = ("uniform", "probmodel")  # pipeline.train.loop.SAMPLERS
+SCHEDULES = ("cosine", "step", "constant")  # pipeline.train.config.SCHEDULES
+SAMPLERS = ("uniform", "probmodel")  # pipeline.train.config.SAMPLERS
 UTILITIES = ("rank", "elite", "softmax")  # pipeline.search.probmodel.UTILITIES
 PICKS = ("entropy", "greedy", "plain")  # pipeline.search.probmodel.PICKS
 CONFIDENCES = ("maxprob", "margin")  # pipeline.models.modules.CONFIDENCE_KINDS
@@ -248,7 +248,7 @@ def _compute_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         yield "precision", "bf16 needs a CUDA device (compute.device is cpu); use fp32 on the CPU"
 
 
-# The common training settings (pipeline.train.loop.TrainConfig); modules.mK.train overrides any of them.
+# The common training settings (pipeline.train.config.TrainConfig); modules.mK.train overrides any of them.
 TRAIN = {
     "epochs": Int(required=True, ge=1),
     "batch_size": Int(required=True, ge=1),

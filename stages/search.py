@@ -27,7 +27,7 @@ from pipeline.routing.assemble import load_prefix
 from pipeline.search.candidates import evaluate_candidates, pareto_front, spread_archs
 from pipeline.search.probmodel import ProbModel
 from pipeline.tracking import stage_run
-from pipeline.train.loop import module_train_config
+from pipeline.train.config import module_train_config
 from stages.common import cli, module_number, params_of, parser
 
 TIMING_KEYS = ("latency_ms_b1", "latency_ms_b64")  # measured: the metrics file only, never search.json

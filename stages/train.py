@@ -34,13 +34,9 @@ from pipeline.models.store import ModuleInfo, save_module
 from pipeline.routing.assemble import load_prefix
 from pipeline.tracking import stage_run
 from pipeline.train import distributed
-from pipeline.train.loop import (
-    TrainResult,
-    evaluate_path,
-    history_frame_records,
-    module_train_config,
-    train_module,
-)
+from pipeline.train.config import module_train_config
+from pipeline.train.loop import TrainResult, history_frame_records, train_module
+from pipeline.train.paths import evaluate_path
 from pipeline.train.resume import checkpoint_key, clean_stale_temporaries
 from stages.common import StageFailed, cli, module_number, params_of, parser
 

@@ -14,7 +14,8 @@ from pipeline.models.modules import NO_ARCH
 from pipeline.models.profile import CostModel, profile_cascade
 from pipeline.models.store import ModuleInfo, load_module
 from pipeline.search.candidates import evaluate_candidates, pareto_front
-from pipeline.train.loop import Prefix, train_module
+from pipeline.train.loop import train_module
+from pipeline.train.prefix import Prefix
 from stages.profile import write_profile
 from stages.search import search_result, split_timings
 from stages.train import write_train_outputs

@@ -264,7 +264,7 @@ def test_schema_enums_match_the_library():
         UTILITIES,
     )
     from pipeline.routing import calibration
-    from pipeline.train import loop
+    from pipeline.train import config as loop
     from stages import select
 
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS
@@ -278,7 +278,7 @@ def test_schema_keys_match_the_typed_configs():
     from pipeline.config import DataConfig
     from pipeline.models.modules import ModuleSpec
     from pipeline.params_schema import BASELINES, DATA, MODULE_SPEC, TRAIN
-    from pipeline.train.loop import TrainConfig
+    from pipeline.train.config import TrainConfig
 
     names = lambda cls: {f.name for f in dataclasses.fields(cls)}  # noqa: E731
     assert set(TRAIN) == names(TrainConfig)

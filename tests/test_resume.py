@@ -12,7 +12,9 @@ import torch
 
 from pipeline.models.cascade import build_modules
 from pipeline.models.modules import NO_ARCH
-from pipeline.train.loop import Prefix, TrainConfig, history_frame_records, train_module
+from pipeline.train.config import TrainConfig
+from pipeline.train.loop import history_frame_records, train_module
+from pipeline.train.prefix import Prefix
 from pipeline.train.resume import checkpoint_key, clean_stale_temporaries
 from tests.train.test_loop import MEAN, SPEC, STD, assert_bitwise_equal, cfg, costs, pattern_data, state
 

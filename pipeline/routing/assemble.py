@@ -13,7 +13,7 @@ from pipeline.models.store import ModuleInfo, load_module
 from pipeline.routing.engine import RoutedModule, Stage
 from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
-from pipeline.train.loop import Prefix
+from pipeline.train.prefix import Prefix
 
 ROUTINGS = ("selected", "predictor", "testset", "default")
 

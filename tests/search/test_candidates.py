@@ -1,9 +1,8 @@
+import numpy as np
+import pytest
 import torch
 
 from pipeline.models.modules import ModuleSpec, build_module
-import numpy as np
-import pytest
-
 from pipeline.search.candidates import evaluate_candidates, pareto_front, spread_archs
 from pipeline.search.space import Decision, SearchSpace
 

@@ -23,7 +23,8 @@ from torch import nn
 from pipeline.models.cascade import build_modules
 from pipeline.models.modules import NO_ARCH
 from pipeline.train import distributed
-from pipeline.train.loop import Prefix, train_module
+from pipeline.train.loop import train_module
+from pipeline.train.prefix import Prefix
 from tests.train.test_loop import MEAN, SPEC, STD, cfg, costs, pattern_data
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
