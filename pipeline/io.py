@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,12 +18,50 @@ from typing import Any
 import numpy as np
 
 
+OWNER_FILE = ".owner-pid"  # inside each temporary folder: the pid of the process writing it
+UNOWNED_GRACE_S = 60.0  # a folder without an owner file (an older writer's) is stale after this
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (a reused pid reads alive: conservative)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def stale_temporaries(final: str | os.PathLike[str]) -> list[Path]:
+    """The temporary siblings of ``final`` (``.<name>.*``) whose writer is gone: left by a killed
+    process (SIGKILL skips every ``finally``). A live writer's folder is not stale; one without an
+    owner file (written before owners were recorded) is stale once it is ``UNOWNED_GRACE_S`` old."""
+    final = Path(final)
+    out = []
+    for tmp in sorted(final.parent.glob(f".{final.name}.*")) if final.parent.is_dir() else []:
+        owner = tmp / OWNER_FILE
+        try:
+            pid = int(owner.read_text())
+        except (OSError, ValueError):
+            pid = None
+        unowned_and_old = pid is None and time.time() - tmp.stat().st_mtime > UNOWNED_GRACE_S
+        if tmp.is_dir() and (unowned_and_old or (pid is not None and not process_alive(pid))):
+            out.append(tmp)
+    return out
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | os.PathLike[str], *, is_dir: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling of ``final``; rename it onto ``final`` only if the block succeeds."""
+    """Yield a temporary sibling of ``final``; rename it onto ``final`` only if the block succeeds.
+    Temporaries of ``final`` that a killed writer left behind are removed first, so they never reach
+    a DVC hash of the folder around them."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    for stale in stale_temporaries(final):
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    (tmp / OWNER_FILE).write_text(str(os.getpid()))
     target = tmp / final.name
     if is_dir:
         target.mkdir()

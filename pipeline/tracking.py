@@ -19,6 +19,7 @@ import functools
 import hashlib
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd  # the pyfunc model's predict is typed with it (MLflow reads the hint)
+
+from pipeline.io import process_alive
 
 EXECUTION_ENV = "CASCADE_EXECUTION_ID"
 DEVICE_ENV = "CASCADE_DEVICE"  # where the served pyfunc model runs: cpu (default), auto, cuda or cuda:N
@@ -223,12 +226,31 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+HOST_TAG, PID_TAG = "host", "pid"  # where a stage run's process lives, so a later run can tell it is gone
+
+
+def end_orphaned_runs(client: Any, experiment_id: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of this experiment whose process, on this host, is gone (a SIGKILL
+    skips every ``finally``, so such a run would stay RUNNING forever); returns their ids. Runs of
+    other hosts, and of live processes, are left alone."""
+    host, ended = socket.gethostname(), []
+    for run in client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'"):
+        tags = run.data.tags
+        if tags.get(HOST_TAG) != host or not tags.get(PID_TAG, "").isdigit():
+            continue
+        if not process_alive(int(tags[PID_TAG])):
+            client.set_terminated(run.info.run_id, "KILLED")
+            ended.append(run.info.run_id)
+    return ended
+
+
 @contextlib.contextmanager
 def stage_run(stage: str, *, experiment: str, root: str | os.PathLike[str] = ".",
               params: Mapping[str, Any] | None = None) -> Iterator[StageRun]:
     """Open an MLflow run for one stage; a failing stage ends its run with status FAILED, an
     interrupted one (KeyboardInterrupt, SIGINT, SIGTERM: see :class:`StageKilled`) with KILLED, so no
-    run stays RUNNING after its process is gone.
+    run stays RUNNING after its process is gone; a SIGKILLed one is ended KILLED by the next stage run
+    on this host (:func:`end_orphaned_runs`).
 
     MLflow exports the URIs it is given as ``MLFLOW_TRACKING_URI``/``MLFLOW_REGISTRY_URI``; they are
     restored on exit, so a later run in the same process with another ``root`` uses that root's store
@@ -244,8 +266,10 @@ def stage_run(stage: str, *, experiment: str, root: str | os.PathLike[str] = "."
     try:
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)  # the registry follows, whatever store this process used before
-        mlflow.set_experiment(experiment)
-        tags = {"stage": stage, "git_commit": git_commit(root), "pipeline_execution": execution_id()}
+        exp = mlflow.set_experiment(experiment)
+        end_orphaned_runs(mlflow.MlflowClient(tracking_uri=uri), exp.experiment_id)
+        tags = {"stage": stage, "git_commit": git_commit(root), "pipeline_execution": execution_id(),
+                HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
         with _sigterm_raises():
             run = mlflow.start_run(run_name=stage, tags=tags)
             status = "FAILED"

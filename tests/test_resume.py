@@ -171,6 +171,33 @@ def test_interrupted_stage_run_ends_killed(store: Path) -> None:
     assert _status(store, ids["ok"]) == "FINISHED"
 
 
+def test_a_sigkilled_stage_run_is_ended_by_the_next_one(store: Path) -> None:
+    """SIGKILL skips every ``finally``: the run stays RUNNING until a later stage run on this host
+    sees that its process is gone and ends it KILLED; while the process lives its run is left alone."""
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.tracking import stage_run
+
+    code = ("import sys, time\nfrom pipeline.tracking import stage_run\n"
+            "with stage_run('train@m1', experiment='resume', root=sys.argv[1]) as run:\n"
+            "    print(run.run_id, flush=True)\n    time.sleep(120)\n")
+    child = subprocess.Popen([sys.executable, "-c", code, str(store)], stdout=subprocess.PIPE, text=True)
+    try:
+        orphan = child.stdout.readline().split()[0]
+        with stage_run("search@m1", experiment="resume", root=store):
+            assert _status(store, orphan) == "RUNNING"  # its process is alive: not ours to end
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+        assert _status(store, orphan) == "RUNNING"  # nobody ended it
+        with stage_run("train@m1", experiment="resume", root=store) as run:
+            assert _status(store, orphan) == "KILLED"
+            assert _status(store, run.run_id) == "RUNNING"
+    finally:
+        child.kill()
+
+
 def test_sigterm_inside_a_stage_run_ends_it_killed(store: Path) -> None:
     from pipeline.tracking import StageKilled, stage_run
 
