@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 
-
 OWNER_FILE = ".owner-pid"  # inside each temporary folder: the pid of the process writing it
 UNOWNED_GRACE_S = 60.0  # a folder without an owner file (an older writer's) is stale after this
 
