@@ -11,7 +11,8 @@ A request is a DataFrame with one image per row, in one of two documented forms:
   and resized the same way when its shape differs from the model's.
 
 A request is refused (a ValueError, which the pyfunc model answers with HTTP 400) when it holds no
-rows, when it carries more than :data:`MAX_REQUEST_BYTES` of image data, or when any row is bad: the
+rows, when it carries more than :data:`MAX_REQUEST_BYTES` of image data or declares more than
+:data:`MAX_REQUEST_PIXELS` pixels in all (read from the headers before decoding), or when any row is bad: the
 message names every bad row (up to :data:`MAX_ROW_ERRORS`) by index, with its problem. Each image
 may have at most ``max_pixels`` pixels (height x width; default
 :data:`pipeline.data.sources.DEFAULT_MAX_PIXELS`), in either form; an ``image`` row over it is
@@ -44,6 +45,10 @@ OUTPUT_COLUMNS = (("class_index", "long"), ("class_name", "string"), ("confidenc
 # pixel value of the ``pixels`` rows. MLflow's server reads and parses the whole body before the model
 # sees it, so this bounds the decoding work, not the body: bound the raw body in a proxy in front.
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# Pixels one request may make the server decode, all rows together (height x width, from each PNG/JPEG
+# header before anything is decoded, and from each ``pixels`` array's size): a small PNG can declare
+# 4096 x 4096, so the byte limit alone lets a request under 16 MiB ask for billions of pixels.
+MAX_REQUEST_PIXELS = 4 * 4096 * 4096
 MAX_ROW_ERRORS = 10  # bad rows a refusal lists one by one; the rest are counted
 
 
@@ -145,16 +150,32 @@ def _data_bytes(value: Any) -> int:
     return size
 
 
+def _declared_pixels(col: str, value: Any) -> int:
+    """Pixels a cell will decode to, without decoding it: an image's header (0 when it has none: the
+    row is refused when decoded), a ``pixels`` array's number of values."""
+    if col != "image":
+        return _data_bytes(value)
+    from pipeline.data.sources import image_header
+
+    try:
+        _, width, height = image_header(_b64_bytes(value))
+    except ValueError:
+        return 0
+    return max(0, width) * max(0, height)
+
+
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int], *, max_pixels: int | None = None,
-                   max_bytes: int = MAX_REQUEST_BYTES) -> np.ndarray:
+                   max_bytes: int = MAX_REQUEST_BYTES, max_request_pixels: int = MAX_REQUEST_PIXELS
+                   ) -> np.ndarray:
     """A request DataFrame -> uint8 (N, C, H, W) for the model. A ValueError (the server's HTTP 400) for
-    a request with no rows, one with more than ``max_bytes`` of image data, or bad rows, each named by
-    its index with its problem. Each image may have at most ``max_pixels`` pixels (height x width, both
-    forms; default :data:`pipeline.data.sources.DEFAULT_MAX_PIXELS`)."""
+    a request with no rows, one with more than ``max_bytes`` of image data or more than
+    ``max_request_pixels`` pixels declared in all (read from the headers, before any decoding), or bad
+    rows, each named by its index with its problem. Each image may have at most ``max_pixels`` pixels
+    (height x width, both forms; default :data:`pipeline.data.sources.DEFAULT_MAX_PIXELS`)."""
     from pipeline.data.sources import DEFAULT_MAX_PIXELS
 
     max_pixels = DEFAULT_MAX_PIXELS if max_pixels is None else int(max_pixels)
@@ -173,6 +194,11 @@ def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int], *, max_pixel
     if size > max_bytes:
         raise ValueError(f"the request holds {size:,} bytes of image data, over the limit of {max_bytes:,} "
                          f"bytes: send fewer or smaller images per request")
+    pixels = sum(_declared_pixels(col, value) for given in cells for col, value in given)
+    if pixels > max_request_pixels:
+        raise ValueError(f"the request's images declare {pixels:,} pixels in all (height x width, from their "
+                         f"headers), over the limit of {max_request_pixels:,} per request: send fewer or "
+                         f"smaller images per request")
     images, errors = [], []
     for row, given in enumerate(cells):
         if len(given) != 1:
