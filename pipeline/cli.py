@@ -128,7 +128,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
 
 
 def _cmd_recognize(args: argparse.Namespace) -> int:
-    from pipeline.routing.package import collect_image_paths, format_subnets, recognize_files
+    from pipeline.routing.package import collect_image_paths, recognize_files
 
     loaded = _open_model(args.model, args.device)
     if loaded is None:
@@ -191,7 +191,6 @@ def _info_text(summary: dict[str, Any], model: str) -> str:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from pipeline.routing.package import describe_cascade
 
     loaded = _open_model(args.model)
     if loaded is None:
@@ -199,6 +198,49 @@ def _cmd_info(args: argparse.Namespace) -> int:
     summary = describe_cascade(loaded)
     print(json.dumps(summary, indent=2, default=str) if args.json else _info_text(summary, args.model))
     return 0
+
+
+
+def describe_cascade(loaded: LoadedCascade) -> dict[str, Any]:
+    """A JSON-able summary of the modules, their candidates and costs, thresholds and classes."""
+    from pipeline.routing.package import input_shapes
+
+    stages, meta = loaded.stages, loaded.meta
+    shapes = input_shapes([s.module.spec for s in stages], meta.image_shape)
+    modules = []
+    for k, (stage, shape) in enumerate(zip(stages, shapes, strict=True), start=1):
+        spec = stage.module.spec
+        modules.append({
+            "index": k,
+            "kind": spec.kind,
+            "channels": spec.channels,
+            "stride": spec.stride,
+            "layers": spec.layers,
+            "ops": list(spec.ops),
+            "input_shape": list(shape),
+            "candidates": [
+                {"subnet": arch.key(), "macs": int(m)}
+                for arch, m in zip(stage.candidates, stage.candidate_macs, strict=True)
+            ],
+            "routing": "predictor" if stage.predictor is not None else "static",
+            "predictor_macs": int(stage.predictor_macs),
+            "threshold": None if k == len(stages) else float(stage.threshold),
+        })
+    return {
+        "image_shape": list(meta.image_shape),
+        "classes": list(meta.classes),
+        "mean": list(meta.mean),
+        "std": list(meta.std),
+        "confidence_kind": meta.confidence_kind,
+        "ensemble_decay": meta.ensemble_decay,
+        "modules": modules,
+        "info": meta.info,
+    }
+
+
+def format_subnets(subnets: Sequence[str]) -> str:
+    """Human form of a row's ``subnets``: a fixed module's empty key reads ``fixed``."""
+    return " ; ".join(s if s else "fixed" for s in subnets)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

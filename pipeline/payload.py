@@ -194,7 +194,8 @@ def decode_payload(frame: pd.DataFrame, image_shape: Sequence[int], *, max_pixel
     if size > max_bytes:
         raise ValueError(f"the request holds {size:,} bytes of image data, over the limit of {max_bytes:,} "
                          f"bytes: send fewer or smaller images per request")
-    pixels = sum(_declared_pixels(col, value) for given in cells for col, value in given)
+    # a row over the per-image limit is refused by row below; here it counts at that limit
+    pixels = sum(min(_declared_pixels(col, value), max_pixels) for given in cells for col, value in given)
     if pixels > max_request_pixels:
         raise ValueError(f"the request's images declare {pixels:,} pixels in all (height x width, from their "
                          f"headers), over the limit of {max_request_pixels:,} per request: send fewer or "

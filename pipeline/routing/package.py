@@ -11,6 +11,7 @@ models through :func:`load_cascade` and answer through :func:`recognize_arrays`.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -31,7 +32,12 @@ from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
 
 FORMAT = "early-exit-cascade"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a checksum over the manifest itself, every file named must carry its sha256
+# What a manifest may ask the loader to allocate: checked before any module is built.
+MAX_IMAGE_SIDE = 4096
+MAX_LAYERS = 64
+MAX_CHANNELS = 4096
+MAX_HEAD = 4096  # head_grid and head_hidden
 MANIFEST = "cascade.json"
 NOT_REACHED = "-"
 
@@ -87,6 +93,9 @@ def _check_meta(meta: CascadeMeta) -> None:
     shape = meta.image_shape
     if len(shape) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in shape):
         raise ValueError(f"CascadeMeta.image_shape must be (C, H, W) ints >= 1, got {shape!r}")
+    if shape[0] not in (1, 3) or max(shape[1:]) > MAX_IMAGE_SIDE:
+        raise ValueError(f"CascadeMeta.image_shape must have 1 or 3 channels and sides <= {MAX_IMAGE_SIDE}, "
+                         f"got {shape!r}")
     if meta.num_classes != len(meta.classes) or meta.num_classes < 2:
         raise ValueError(
             f"CascadeMeta: num_classes {meta.num_classes} must equal the number of classes "
@@ -196,11 +205,34 @@ def save_cascade(directory: str | os.PathLike[str], stages: Sequence[Stage], met
         files = {p.name: file_sha256(p) for p in sorted(tmp.glob("*.pt"))}
         manifest = {"format": FORMAT, "version": FORMAT_VERSION, "meta": meta.to_dict(),
                     "modules": entries, "sha256": files}
-        write_json(tmp / MANIFEST, manifest)
+        write_json(tmp / MANIFEST, {**manifest, "checksum": manifest_checksum(manifest)})
     return final
 
 
 # ---------------------------------------------------------------------------------------------- load
+
+
+def manifest_checksum(manifest: Mapping[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON without its own ``checksum`` key (so a hand edit of any
+    field, the per-file sha256 table included, is caught before anything is built)."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _check_file_name(name: object, directory: Path) -> str:
+    """A weights file named by the manifest: a plain file name inside the model directory."""
+    if not isinstance(name, str) or not name or name != Path(name).name or name in (".", ".."):
+        raise ValueError(f"weights file name {name!r} must be a plain file name inside {directory}")
+    return name
+
+
+def _check_spec_bounds(spec: ModuleSpec) -> None:
+    """Sizes a spec may ask for, before the module is allocated."""
+    for key, limit in (("layers", MAX_LAYERS), ("channels", MAX_CHANNELS), ("head_grid", MAX_HEAD),
+                       ("head_hidden", MAX_HEAD), ("stride", 8)):
+        value = getattr(spec, key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+            raise ValueError(f"spec.{key} must be an int in 0..{limit}, got {value!r}")
 
 
 def _read_manifest(directory: Path) -> dict[str, Any]:
@@ -219,6 +251,8 @@ def _read_manifest(directory: Path) -> dict[str, Any]:
         raise ValueError(
             f"{path} has format version {manifest.get('version')!r}; this code reads version {FORMAT_VERSION}"
         )
+    if manifest.get("checksum") != manifest_checksum(manifest):
+        raise ValueError(f"{path} does not match its checksum (edited or corrupt): refusing to build from it")
     if not isinstance(manifest.get("modules"), list) or not manifest["modules"]:
         raise ValueError(f"{path} lists no modules")
     return manifest
@@ -228,7 +262,9 @@ def _load_state(path: Path, net: nn.Module, sha256: str | None, device: torch.de
     """Weights into ``net``; every way a file can be wrong becomes a ValueError naming it."""
     if not path.is_file():
         raise ValueError(f"weights file {path} is missing")
-    if sha256 is not None and file_sha256(path) != sha256:
+    if sha256 is None:
+        raise ValueError(f"weights file {path} has no checksum in {MANIFEST}: refusing to load it")
+    if file_sha256(path) != sha256:
         raise ValueError(f"weights file {path} does not match its checksum in {MANIFEST} (corrupt?)")
     try:
         state = torch.load(path, map_location=device, weights_only=True)
@@ -236,6 +272,10 @@ def _load_state(path: Path, net: nn.Module, sha256: str | None, device: torch.de
         raise ValueError(f"weights file {path} cannot be read: {str(exc).splitlines()[0]}") from None
     if not isinstance(state, Mapping):
         raise ValueError(f"weights file {path} does not hold a state dict")
+    bad = [k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+           and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(f"weights file {path} holds non-finite values (NaN or inf) in {', '.join(bad[:5])}")
     try:
         net.load_state_dict(state, strict=True)
     except RuntimeError as exc:
@@ -264,8 +304,8 @@ def _build_stage(directory: Path, k: int, entry: Mapping[str, Any], meta: Cascad
     manifest = directory / MANIFEST
     try:
         module, candidates, predictor = _construct(entry, meta, device)
-        weights = str(entry.get("weights") or f"module_{k}.pt")
-        predictor_weights = str(entry.get("predictor_weights") or f"predictor_{k}.pt")
+        weights = _check_file_name(entry.get("weights") or f"module_{k}.pt", directory)
+        predictor_weights = _check_file_name(entry.get("predictor_weights") or f"predictor_{k}.pt", directory)
     except (KeyError, TypeError, ValueError) as exc:
         raise _invalid(manifest, k, exc) from None
     _load_state(directory / weights, module, sha.get(weights), device)
@@ -290,6 +330,8 @@ def load_cascade(directory: str | os.PathLike[str], device: str | torch.device =
         meta = CascadeMeta.from_dict(manifest["meta"])
         entries = manifest["modules"]
         specs = [ModuleSpec.from_dict(e["spec"]) for e in entries]
+        for spec in specs:
+            _check_spec_bounds(spec)
         _check_chain(specs, [int(e["in_channels"]) for e in entries], [meta.num_classes] * len(specs), meta)
         sha = dict(manifest.get("sha256") or {})
     except (KeyError, TypeError, ValueError) as exc:
@@ -398,46 +440,3 @@ def collect_image_paths(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[P
         else:
             errors.append({"path": str(path), "error": "no such file or folder"})
     return files, errors
-
-
-# -------------------------------------------------------------------------------------------- describe
-
-
-def describe_cascade(loaded: LoadedCascade) -> dict[str, Any]:
-    """A JSON-able summary of the modules, their candidates and costs, thresholds and classes."""
-    stages, meta = loaded.stages, loaded.meta
-    shapes = input_shapes([s.module.spec for s in stages], meta.image_shape)
-    modules = []
-    for k, (stage, shape) in enumerate(zip(stages, shapes, strict=True), start=1):
-        spec = stage.module.spec
-        modules.append({
-            "index": k,
-            "kind": spec.kind,
-            "channels": spec.channels,
-            "stride": spec.stride,
-            "layers": spec.layers,
-            "ops": list(spec.ops),
-            "input_shape": list(shape),
-            "candidates": [
-                {"subnet": arch.key(), "macs": int(m)}
-                for arch, m in zip(stage.candidates, stage.candidate_macs, strict=True)
-            ],
-            "routing": "predictor" if stage.predictor is not None else "static",
-            "predictor_macs": int(stage.predictor_macs),
-            "threshold": None if k == len(stages) else float(stage.threshold),
-        })
-    return {
-        "image_shape": list(meta.image_shape),
-        "classes": list(meta.classes),
-        "mean": list(meta.mean),
-        "std": list(meta.std),
-        "confidence_kind": meta.confidence_kind,
-        "ensemble_decay": meta.ensemble_decay,
-        "modules": modules,
-        "info": meta.info,
-    }
-
-
-def format_subnets(subnets: Sequence[str]) -> str:
-    """Human form of a row's ``subnets``: a fixed module's empty key reads ``fixed``."""
-    return " ; ".join(s if s else "fixed" for s in subnets)

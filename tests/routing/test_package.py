@@ -10,6 +10,8 @@ import torch
 from PIL import Image
 from torch import nn
 
+from pipeline.cli import describe_cascade, format_subnets
+from pipeline.io import file_sha256
 from pipeline.models.cascade import CascadeSpec, build_modules, feature_shapes
 from pipeline.models.modules import ModuleSpec
 from pipeline.routing.engine import Stage, build_stage, run_cascade
@@ -19,9 +21,8 @@ from pipeline.routing.package import (
     CascadeMeta,
     LoadedCascade,
     collect_image_paths,
-    describe_cascade,
-    format_subnets,
     load_cascade,
+    manifest_checksum,
     preprocess,
     recognize_arrays,
     recognize_files,
@@ -214,17 +215,28 @@ def test_save_rejects_what_cannot_be_rebuilt() -> None:
     assert not Path("unused").exists()
 
 
-def _edit_manifest(directory: Path, edit: object) -> None:
+def _edit_manifest(directory: Path, edit: object, *, reseal: bool = True) -> None:
+    """Edit the manifest; ``reseal`` recomputes its checksum (a careful hand edit), so the check
+    behind the checksum is the one that speaks."""
     path = directory / MANIFEST
     manifest = json.loads(path.read_text())
     edit(manifest)  # type: ignore[operator]
+    if reseal:
+        manifest["checksum"] = manifest_checksum(manifest)
     path.write_text(json.dumps(manifest))
 
 
-def _wrong_weights(directory: Path) -> None:
-    """A valid state dict of another module, with the checksum dropped so the shape check runs."""
-    torch.save(nn.Linear(3, 3).state_dict(), directory / "module_2.pt")
-    _edit_manifest(directory, lambda m: m.pop("sha256"))
+def _replace_weights(directory: Path, name: str, state: dict) -> None:
+    """Other weights in ``name``, with the manifest's sha256 of it updated (and resealed)."""
+    torch.save(state, directory / name)
+    _edit_manifest(directory, lambda m: m["sha256"].update({name: file_sha256(directory / name)}))
+
+
+def _nan_weights(directory: Path) -> None:
+    state = torch.load(directory / "module_2.pt", weights_only=True)
+    key = next(k for k, v in state.items() if v.is_floating_point())
+    state[key] = torch.full_like(state[key], float("nan"))
+    _replace_weights(directory, "module_2.pt", state)
 
 
 CORRUPTIONS = {
@@ -240,7 +252,18 @@ CORRUPTIONS = {
     "no module weights": (lambda d: (d / "module_2.pt").unlink(), "module_2.pt"),
     "no predictor weights": (lambda d: (d / "predictor_2.pt").unlink(), "predictor_2.pt"),
     "truncated weights": (lambda d: (d / "module_3.pt").write_bytes(b"PK\x03\x04"), "module_3.pt"),
-    "wrong weights": (_wrong_weights, "module_2.pt"),
+    "wrong weights": (lambda d: _replace_weights(d, "module_2.pt", nn.Linear(3, 3).state_dict()), "module_2.pt"),
+    "non-finite weights": (_nan_weights, "module_2.pt"),
+    "edited, not resealed": (lambda d: _edit_manifest(d, lambda m: m["modules"][0].update(threshold=0.1),
+                                                      reseal=False), MANIFEST),
+    "no checksum": (lambda d: _edit_manifest(d, lambda m: m.pop("checksum"), reseal=False), MANIFEST),
+    "a file without its sha256": (lambda d: _edit_manifest(d, lambda m: m.pop("sha256")), "module_1.pt"),
+    "weights outside the folder": (
+        lambda d: _edit_manifest(d, lambda m: m["modules"][0].update(weights="../module_1.pt")), MANIFEST),
+    "a million layers": (lambda d: _edit_manifest(d, lambda m: m["modules"][2]["spec"].update(layers=10**6)),
+                         MANIFEST),
+    "a huge image": (lambda d: _edit_manifest(d, lambda m: m["meta"].update(image_shape=[1, 10**6, 10**6])),
+                     MANIFEST),
 }
 
 
