@@ -16,10 +16,30 @@ from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, Con
 from pipeline.params_schema import check_params as _check_schema
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a mapping that repeats a key (plain YAML keeps the last one
+    silently; DVC refuses the file)."""
+
+
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def load_params(path: str | os.PathLike[str] = "params.yaml") -> dict[str, Any]:
+    """The params file as a mapping; a missing file, invalid YAML or a repeated key is a ConfigError."""
     path = Path(path)
     try:
-        params = yaml.safe_load(path.read_text())
+        params = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except FileNotFoundError:
         raise ConfigError(f"params file {path} does not exist") from None
     except yaml.YAMLError as exc:

@@ -251,7 +251,7 @@ def _compute_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 # The common training settings (pipeline.train.config.TrainConfig); modules.mK.train overrides any of them.
 TRAIN = {
     "epochs": Int(required=True, ge=1),
-    "batch_size": Int(required=True, ge=1),
+    "batch_size": Int(required=True, ge=1, le=65536),  # beyond this a batch no longer fits in memory
     "lr": Number(required=True, gt=0),
     "momentum": Number(ge=0, lt=1, default=0.9),
     "weight_decay": Number(ge=0, default=5e-4),
@@ -335,7 +335,7 @@ BASELINES = {
     "small_width": Int(ge=1, default=8),
     "large_width": Int(ge=1, default=24),
     "epochs": Int(ge=1, default=8),
-    "batch_size": Int(ge=1, default=128),
+    "batch_size": Int(ge=1, le=65536, default=128),
     "lr": Number(gt=0, default=0.1),
     "momentum": Number(ge=0, lt=1, default=0.9),
     "weight_decay": Number(ge=0, default=5e-4),

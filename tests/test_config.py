@@ -63,3 +63,21 @@ def test_load_checked_params_checks_the_whole_file(tmp_path):
 def test_load_params_alone_does_not_check():
     # profiles/tiny.yaml is a partial overlay: loading it must not demand every section
     assert load_params("profiles/tiny.yaml")["data"]["source"] == "digits"
+
+
+def test_a_repeated_key_is_refused_with_both_lines(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("seed: 0\ntrain:\n  epochs: 3\n  lr: 0.1\n  epochs: 5\n")
+    with pytest.raises(ConfigError, match=r"duplicate key 'epochs' \(first on line 3\)"):
+        load_params(path)
+
+
+def test_a_batch_no_machine_can_hold_is_refused_up_front():
+    import copy
+
+    from pipeline.params_schema import check_params
+
+    params = copy.deepcopy(PARAMS)
+    params["train"]["batch_size"] = 10**12
+    with pytest.raises(ConfigError, match=r"train\.batch_size"):
+        check_params(params)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import unicodedata
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,6 +98,16 @@ def _idx_split(directory: Path, prefix: str, name: str, classes: tuple[str, ...]
     return Split(name, images[:, None, :, :].copy(), labels, ids)
 
 
+def class_name(raw: str, where: str) -> str:
+    """A class name as the model keeps it: Unicode NFC (so "café" typed two ways is one class), with
+    no control character (a tab or newline would print raw in every table); ``where`` names its origin."""
+    name = unicodedata.normalize("NFC", raw)
+    bad = sorted({repr(ch) for ch in name if unicodedata.category(ch).startswith("C")})
+    if bad:
+        raise DataError(f"{where}: class name {name!r} holds control characters {', '.join(bad)}")
+    return name
+
+
 def read_idx_classes(path: Path) -> tuple[str, ...]:
     """The class names of an ``idx:`` directory's classes file: one a line (line i names label i),
     stripped; no blank or repeated name."""
@@ -106,18 +117,18 @@ def read_idx_classes(path: Path) -> tuple[str, ...]:
         raise DataError(f"classes file {path} cannot be read: {exc}") from None
     while lines and not lines[-1].strip():  # a trailing blank line is no class
         lines.pop()
-    names = tuple(line.strip() for line in lines)
+    names = tuple(class_name(line.strip(), f"classes file {path}: line {i}") for i, line in enumerate(lines, 1))
     if not names:
         raise DataError(f"classes file {path} names no class (one class name a line, line i naming label i)")
     seen: dict[str, int] = {}
-    for number, class_name in enumerate(names, 1):
-        if not class_name:
+    for number, name in enumerate(names, 1):
+        if not name:
             raise DataError(f"classes file {path}: line {number} is blank (one class name a line, line i "
                             "naming label i)")
-        if class_name in seen:
-            raise DataError(f"classes file {path}: line {number} repeats class {class_name!r} of line "
-                            f"{seen[class_name]}")
-        seen[class_name] = number
+        if name in seen:
+            raise DataError(f"classes file {path}: line {number} repeats class {name!r} of line "
+                            f"{seen[name]}")
+        seen[name] = number
     return names
 
 
@@ -339,6 +350,11 @@ def load_imagefolder(directory: str | os.PathLike[str], channels: int, image_siz
     class_dirs = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
     if len(class_dirs) < 2:
         raise DataError(f"image folder {directory} needs at least two class sub-folders, found {len(class_dirs)}")
+    names = [class_name(p.name, f"image folder {p}") for p in class_dirs]
+    twins = sorted({n for n in names if names.count(n) > 1})
+    if twins:
+        raise DataError(f"image folder {directory}: sub-folders {twins} differ only in their Unicode form "
+                        "(NFC/NFD); rename one so each class is one folder")
     class_files = [_class_files(class_dir) for class_dir in class_dirs]
     images, labels, ids = [], [], []
     for label, files in enumerate(class_files):
@@ -347,7 +363,7 @@ def load_imagefolder(directory: str | os.PathLike[str], channels: int, image_siz
             labels.append(label)
             ids.append(file.relative_to(directory).as_posix())
     train = Split("train", np.stack(images), np.array(labels, dtype=np.int64), np.array(ids))
-    return RawDataset(train, None, tuple(p.name for p in class_dirs), f"imagefolder:{directory}")
+    return RawDataset(train, None, tuple(names), f"imagefolder:{directory}")
 
 
 def load_source(source: str, *, channels: int, image_size: int, max_pixels: int = DEFAULT_MAX_PIXELS

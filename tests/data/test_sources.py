@@ -189,3 +189,17 @@ def test_imagefolder_empty_class_is_named(tmp_path):
 def test_unknown_source():
     with pytest.raises(DataError, match="unknown data source 'mnist-ish'"):
         load_source("mnist-ish", channels=1, image_size=28)
+
+
+
+def test_class_names_are_nfc_and_free_of_control_characters(tmp_path: Path) -> None:
+    from pipeline.data.sources import DataError, class_name, load_imagefolder
+
+    assert class_name("cafe\u0301", "here") == "caf\u00e9"  # NFD -> NFC: one class
+    with pytest.raises(DataError, match=r"here: class name 'a\\tb' holds control characters"):
+        class_name("a\tb", "here")
+    for folder in ("caf\u00e9", "cafe\u0301", "tea"):  # the same name in NFC and in NFD
+        (tmp_path / folder).mkdir()
+        Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(tmp_path / folder / "a.png")
+    with pytest.raises(DataError, match="differ only in their Unicode form"):
+        load_imagefolder(tmp_path, 1, 8)
