@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,8 @@ def tracking_server() -> Iterator[TeamServer | None]:
     shared tiny pipeline tracks and registers on; None where the PostgreSQL binaries are absent (the
     repo's own SQLite file then, as in a user's checkout)."""
     if postgres_bin() is None:
+        if os.environ.get("CI"):  # CI installs PostgreSQL (scripts/setup.sh): its absence is a failure there
+            pytest.fail("PostgreSQL is not installed but CI is set: scripts/setup.sh should have installed it")
         yield None
         return
     with running_team_server() as server:
