@@ -12,9 +12,17 @@ export DO_NOT_TRACK := 1
 setup:
 	@bash scripts/setup.sh
 
+# `make repro PROFILE=quick DATA=imagefolder:/path/to/images`: the pipeline as a DVC experiment with a
+# profile's settings (profiles/<name>.yaml) and your own data (python -m pipeline.profiles --help).
+PROFILE ?=
+DATA ?=
 repro: setup
+ifeq ($(PROFILE)$(DATA),)
 	python -m pipeline.check_params --params params.yaml
 	dvc repro
+else
+	python -m pipeline.profiles $(if $(PROFILE),--profile $(PROFILE)) $(if $(DATA),--data '$(DATA)')
+endif
 
 test: setup
 	python -m pytest -q

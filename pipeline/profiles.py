@@ -1,0 +1,111 @@
+"""``python -m pipeline.profiles [--profile quick] [--data SOURCE]``: run the whole pipeline as a DVC
+experiment with a profile's settings (``profiles/<name>.yaml``) and, optionally, your own data source,
+in one command (``make repro PROFILE=quick DATA=imagefolder:/path/to/images``).
+
+The settings become ``dvc exp run -S key=value`` overrides, so DVC records them with the experiment
+and writes them into ``params.yaml`` the way it always does (its comments kept); ``dvc exp show``
+lists the run beside the others. Everything is checked before anything runs: the merged params
+against the schema, and a data folder's existence. When the run ends the command says where the
+model, the metrics and the plots are."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.config import ConfigError, deep_merge, load_params
+from pipeline.params_schema import check_params
+
+PROFILES = Path("profiles")
+WHERE = (
+    ("model directory", "models/cascade/ (cascade recognize --model models/cascade IMAGE ...)"),
+    ("registered model", "MLflow registry, name in params register.model_name (metrics/register.json)"),
+    ("metrics", "metrics/headline.json (dvc metrics show), metrics/evaluate.json (every figure)"),
+    ("plots", "plots/ (dvc plots show), MLflow runs (make mlflow-ui)"),
+)
+
+
+def settings(overlay: Mapping[str, Any], base: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """An overlay as ``key=value`` overrides, one per leaf, values in YAML flow style (what ``dvc exp
+    run -S`` parses); a mapping is split into its keys, so keys it does not name keep their values. A
+    key ``base`` (params.yaml) does not hold is written ``+key=value`` (DVC adds it)."""
+    out = []
+    for key, value in overlay.items():
+        name, there = f"{prefix}{key}", isinstance(base, Mapping) and key in base
+        if isinstance(value, Mapping) and value and there and isinstance(base[key], Mapping):
+            out.extend(settings(value, base[key], f"{name}."))
+        else:
+            text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+            out.append(f"{'' if there else '+'}{name}={text.removesuffix('...').strip()}")
+    return out
+
+
+def profile_overlay(profile: str | None, data: str | None, root: Path = Path(".")) -> dict[str, Any]:
+    """The profile's overrides with ``data.source`` set to ``data`` when given."""
+    overlay: dict[str, Any] = {}
+    if profile:
+        path = root / PROFILES / f"{profile}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in (root / PROFILES).glob("*.yaml"))
+            raise ConfigError(f"no profile {profile!r} ({path} is missing); profiles: {', '.join(known)}")
+        overlay = load_params(path)
+    if data:
+        overlay = deep_merge(overlay, {"data": {"source": data}})
+    return overlay
+
+
+def check_source(source: str) -> None:
+    """A folder source must exist before a 40-minute run is started on it."""
+    kind, _, where = source.partition(":")
+    if kind in ("imagefolder", "idx", "fashion-mnist") and where and not Path(where).is_dir():
+        raise ConfigError(f"data source {source}: folder {where} does not exist")
+
+
+def command(overlay: Mapping[str, Any], base: Mapping[str, Any], extra: list[str]) -> list[str]:
+    return ["dvc", "exp", "run", *[arg for s in settings(overlay, base) for arg in ("-S", s)], *extra]
+
+
+def main(argv: list[str] | None = None) -> int:
+    known = ", ".join(sorted(q.stem for q in PROFILES.glob("*.yaml")))
+    p = argparse.ArgumentParser(prog="python -m pipeline.profiles", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=f"Profiles: {known}")
+    p.add_argument("--profile", default=None, help="profiles/<name>.yaml (e.g. quick); default: none")
+    p.add_argument("--data", default=None,
+                   help="data.source: imagefolder:<dir>, idx:<dir>, fashion-mnist or digits "
+                        "(default: params.yaml's)")
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--dry-run", action="store_true", help="check and print the dvc command, run nothing")
+    p.add_argument("extra", nargs="*", help="more arguments for dvc exp run (after --), e.g. -n NAME")
+    args = p.parse_args(argv)
+    try:
+        overlay = profile_overlay(args.profile, args.data)
+        base = load_params(args.params)
+        merged = deep_merge(base, overlay)
+        check_params(merged, source=f"{args.params} + {args.profile or '-'} profile")
+        check_source(str(merged["data"]["source"]))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    cmd = command(overlay, base, args.extra)
+    print("running: " + " ".join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    status = subprocess.call(cmd)
+    if status != 0:
+        print(f"error: dvc exp run failed (exit {status}); the failing stage's message is above",
+              file=sys.stderr)
+        return status
+    print("\ndone. Outputs:")
+    for what, where in WHERE:
+        print(f"  {what:17s} {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

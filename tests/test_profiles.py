@@ -1,0 +1,47 @@
+"""One command from a profile and a data source to a DVC experiment (pipeline.profiles)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.config import ConfigError, deep_merge, load_params
+from pipeline.params_schema import check_params
+from pipeline.profiles import check_source, main, profile_overlay, settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_settings_name_each_leaf_and_add_what_params_lacks() -> None:
+    base = {"train": {"epochs": 12, "lr": 0.1}, "modules": {"m1": {"spec": {"channels": 16, "head": "gap"}}}}
+    overlay = {"train": {"epochs": 8},
+               "modules": {"m1": {"spec": {"channels": 8, "ops": ["conv3", "skip"]}}},
+               "data": {"source": "imagefolder:/x y"}}
+    assert settings(overlay, base) == ["train.epochs=8", "modules.m1.spec.channels=8",
+                                       "+modules.m1.spec.ops=[conv3, skip]", "+data={source: 'imagefolder:/x y'}"]
+
+
+@pytest.mark.parametrize("profile", ["quick", "tiny"])
+def test_every_profile_passes_the_schema_over_the_default_params(profile: str) -> None:
+    merged = deep_merge(load_params(ROOT / "params.yaml"), profile_overlay(profile, None, ROOT))
+    check_params(merged)
+
+
+def test_the_quick_profile_keeps_the_modules_epoch_budget_for_the_baselines() -> None:
+    merged = deep_merge(load_params(ROOT / "params.yaml"), profile_overlay("quick", None, ROOT))
+    epochs = {merged["modules"][k]["train"]["epochs"] for k in merged["modules"]}
+    assert epochs == {merged["baselines"]["epochs"]}
+
+
+def test_dry_run_prints_the_experiment_and_bad_input_stops_first(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.chdir(ROOT)
+    assert main(["--profile", "quick", "--data", str(tmp_path), "--dry-run"]) == 1  # not a source spec
+    assert "data.source must be fashion-mnist" in capsys.readouterr().err
+    assert main(["--profile", "quick", "--data", f"imagefolder:{tmp_path}", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("running: dvc exp run -S ") and f"-S data.source=imagefolder:{tmp_path}" in out
+    with pytest.raises(ConfigError, match="does not exist"):
+        check_source(f"imagefolder:{tmp_path / 'missing'}")
+    assert main(["--profile", "nope", "--dry-run"]) == 1
+    assert "profiles: quick, tiny" in capsys.readouterr().err
