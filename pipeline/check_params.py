@@ -1,6 +1,7 @@
 """``python -m pipeline.check_params [--params params.yaml] [--overlay profiles/tiny.yaml ...]``: check the
 whole params file against :mod:`pipeline.params_schema` (every key, type, range; unknown keys) and
-print every problem, exit status 1; prints ``ok`` and exits 0 when the file is sound. ``make repro``
+print every problem, exit status 1; a data folder that does not exist is an error too. Prints ``ok``
+and exits 0 when the file is sound. ``make repro``
 runs it before ``dvc repro``."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from pipeline.config import ConfigError, deep_merge, load_params
 from pipeline.params_schema import check_params
+from pipeline.profiles import check_source
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         for overlay in args.overlay:
             params = deep_merge(params, load_params(overlay))
         check_params(params, source=" + ".join(str(x) for x in [args.params, *args.overlay]))
+        check_source(str(params["data"]["source"]))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

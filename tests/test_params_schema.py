@@ -339,3 +339,7 @@ def test_check_params_cli(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "2 problems" in err and "trian is not a known section (did you mean train?)" in err
     assert "search.samples must be an int >= 1, got 2.5" in err
+    params = load_params(ROOT / "params.yaml")
+    params["data"]["source"] = f"imagefolder:{tmp_path / 'no-such-folder'}"
+    assert main(["--params", str(write(tmp_path, params))]) == 1  # a folder that is not there: said before a run
+    assert "no-such-folder does not exist" in capsys.readouterr().err
