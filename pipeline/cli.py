@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -31,12 +33,12 @@ class RegistryUnavailable(RuntimeError):
     """``pipeline.registry`` (and with it MLflow model download) cannot be imported."""
 
 
-def resolve_model_uri(uri: str) -> Path:
+def resolve_model_uri(uri: str, dst: str | os.PathLike[str] | None = None) -> Path:
     """A ``--model`` value as a local model directory.
 
     A plain path is returned as is; ``models:/<name>@<alias>`` or ``models:/<name>/<version>`` is
-    downloaded through ``pipeline.registry.download_cascade(uri) -> Path`` (imported lazily, so the
-    CLI works without the registry's dependencies when given a directory).
+    downloaded into ``dst`` through ``pipeline.registry.download_cascade(uri, dst) -> Path`` (imported
+    lazily, so the CLI works without the registry's dependencies when given a directory).
     """
     if not uri.startswith(MODEL_URI_PREFIX):
         return Path(uri)
@@ -46,7 +48,7 @@ def resolve_model_uri(uri: str) -> Path:
         from pipeline.registry import download_cascade
     except ImportError as exc:
         raise RegistryUnavailable(f"registry support not available ({exc})") from exc
-    return Path(download_cascade(uri))
+    return Path(download_cascade(uri, dst))
 
 
 def _positive_int(text: str) -> int:
@@ -88,9 +90,9 @@ def _error(message: str, stream: TextIO | None = None) -> None:
 
 
 def _open_model(model: str, device: str = "cpu") -> LoadedCascade | None:
-    """The loaded cascade on ``device`` (a ``--device`` value), or None after printing why not."""
+    """The loaded cascade on ``device`` (a ``--device`` value), or None after printing why not. A
+    registered model is downloaded into a temporary folder that is removed once its weights are loaded."""
     from pipeline.device import resolve_device
-    from pipeline.routing.package import load_cascade
 
     try:
         where = resolve_device(device, key="--device")
@@ -98,8 +100,15 @@ def _open_model(model: str, device: str = "cpu") -> LoadedCascade | None:
         _error(str(exc))
         return None
 
+    with tempfile.TemporaryDirectory(prefix="cascade-model-") as scratch:  # a download is gone after loading
+        return _load(model, where, scratch)
+
+
+def _load(model: str, where: Any, scratch: str) -> LoadedCascade | None:
+    from pipeline.routing.package import load_cascade
+
     try:
-        directory = resolve_model_uri(model)
+        directory = resolve_model_uri(model, scratch)
     except RegistryUnavailable:
         _error("registry support not available")
         return None

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -101,12 +102,22 @@ def test_registry_uri_goes_through_download_cascade(
 ) -> None:
     asked: list[str] = []
     fake = types.ModuleType("pipeline.registry")
-    fake.download_cascade = lambda uri: asked.append(uri) or model_dir  # type: ignore[attr-defined]
+    scratch: list[Path] = []
+
+    def download(uri: str, dst: str | None = None) -> Path:  # copies the model in, as the registry does
+        asked.append(uri)
+        if dst is None:
+            return model_dir
+        scratch.append(Path(dst))
+        return Path(shutil.copytree(model_dir, Path(dst) / "cascade"))
+
+    fake.download_cascade = download  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pipeline.registry", fake)
     assert resolve_model_uri("models:/cascade/3") == model_dir
     assert main(["info", "--model", "models:/cascade@champion", "--json"]) == 0
     assert asked == ["models:/cascade/3", "models:/cascade@champion"]
     assert json.loads(capsys.readouterr().out)["classes"] == ["ant", "bee", "cat", "dog"]
+    assert scratch and not scratch[0].exists()  # the download is removed once the model is loaded
 
 
 def test_info_text_and_json(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
