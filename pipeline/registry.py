@@ -39,8 +39,8 @@ from pipeline.payload import (  # re-exported: clients and bench import them fro
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CHALLENGER", "CHAMPION", "INPUT_COLUMNS", "OUTPUT_COLUMNS", "Decision", "RegisterConfig",
-           "accuracy_at", "curve_points", "decode_payload", "download_cascade", "encode_png", "gate",
+__all__ = ["CHALLENGER", "CHAMPION", "CLASSES_TAG", "INPUT_COLUMNS", "OUTPUT_COLUMNS", "Decision", "RegisterConfig",
+           "accuracy_at", "class_set_mismatch", "curve_points", "decode_payload", "download_cascade", "encode_png", "gate",
            "image_frame", "input_hashes", "lineage_tags", "log_version", "metrics_from_tags",
            "parse_model_uri", "png_b64", "predict_frame", "promote", "register_cascade",
            "save_cascade_pyfunc"]
@@ -49,6 +49,7 @@ CHAMPION, CHALLENGER = "champion", "challenger"
 GATE_METRICS = ("accuracy", "mean_macs")
 METRIC_TAG_PREFIX = "test."
 CURVE_TAG = "curve.test"  # the candidate's operating points, JSON [[mean_macs, accuracy], ...]
+CLASSES_TAG = "data.classes"  # the class names the version answers with, JSON; the gate compares only equals
 LINEAGE_OUTS = ("data/prepared", "data/graded", "models/cascade")
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>[0-9]+))$")
 _TAG_UNSAFE = re.compile(r"[^\w./ :-]")
@@ -176,6 +177,22 @@ def gate(candidate: Mapping[str, float], champion: Mapping[str, float] | None, a
                    f"{macs / champ_macs - 1:+.1%} MACs {'buys' if gain_ok else 'buys no'} accuracy: "
                    f"{'ok' if same_ok and gain_ok else 'fail'}")
     return acc_ok and same_ok and gain_ok, reasons
+
+
+def class_set_mismatch(champion_tags: Mapping[str, str], classes: Sequence[str] | None,
+                       champion_version: str | int) -> str | None:
+    """Why a candidate cannot be compared with the champion at all, or None: the two were trained on
+    different class sets (recorded in :data:`CLASSES_TAG`). A champion or candidate without the record
+    (registered before it existed) is compared as before."""
+    theirs = champion_tags.get(CLASSES_TAG)
+    if classes is None or theirs is None:
+        return None
+    mine = json.dumps(list(classes))
+    if mine == theirs:
+        return None
+    return (f"class set differs: champion v{champion_version} was trained on {theirs}, this version on "
+            f"{mine}; not compared, champion kept (register a model of other classes under another "
+            f"register.model_name)")
 
 
 # -------------------------------------------------------------------------------------------- lineage
@@ -344,7 +361,8 @@ def log_version(model_dir: str | os.PathLike[str], example: pd.DataFrame) -> str
 
 def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float], tags: Mapping[str, str],
             *, curve: Sequence[tuple[float, float]] = (), root: str | os.PathLike[str] = ".",
-            record: Callable[[Decision], None] | None = None) -> Decision:
+            record: Callable[[Decision], None] | None = None,
+            classes: Sequence[str] | None = None) -> Decision:
     """Gate the model at ``model_uri`` against the current champion, register it and move the aliases,
     as one critical section.
 
@@ -360,8 +378,14 @@ def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float],
     with tracking.registry_lock(root):
         previous = tracking.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
         previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
-        passed, reasons = gate(candidate, previous_metrics, cfg.acc_tolerance, cfg.macs_tolerance, curve)
+        mismatch = None if previous is None else class_set_mismatch(previous["tags"], classes, previous["version"])
+        if mismatch is not None:
+            passed, reasons = False, [mismatch]
+        else:
+            passed, reasons = gate(candidate, previous_metrics, cfg.acc_tolerance, cfg.macs_tolerance, curve)
         decision_tags = {"gate": "passed" if passed else "failed", "gate.reasons": " | ".join(reasons)}
+        if classes is not None:
+            decision_tags[CLASSES_TAG] = json.dumps(list(classes))
         if curve:
             decision_tags[CURVE_TAG] = json.dumps([[m, a] for m, a in curve])
         version = tracking.register_version(cfg.model_name, model_uri,

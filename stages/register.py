@@ -58,11 +58,12 @@ def main(argv: list[str] | None = None) -> None:
     tags = lineage_tags(args.root, args.lock or args.root / "dvc.lock", candidate, inputs=own,
                         params={args.params.name: {"register": params["register"]}})
     example = image_frame(load_split(args.data, "test").images[:1])
+    classes = read_json(args.model / "cascade.json")["meta"]["classes"]  # what the gate compares first
     with stage_run("register", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"register": params["register"], "model": str(args.model)}) as run:
         model_uri = log_version(args.model, example)
         decision = promote(cfg, model_uri, candidate, tags, curve=curve, root=args.root,
-                           record=lambda d: write_json(args.out, d.to_dict()))
+                           record=lambda d: write_json(args.out, d.to_dict()), classes=classes)
         run.log_metrics({"gate_passed": float(decision.passed), "registered_version": decision.version})
         run.set_tags({"gate": "passed" if decision.passed else "failed",
                       "gate.reasons": " | ".join(decision.reasons),

@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,9 +30,11 @@ from pipeline.io import Split, save_split, write_json
 from pipeline.registry import (
     CHALLENGER,
     CHAMPION,
+    CLASSES_TAG,
     CURVE_TAG,
     RegisterConfig,
     accuracy_at,
+    class_set_mismatch,
     curve_points,
     decode_payload,
     dvc_md5,
@@ -445,6 +448,34 @@ def test_a_register_killed_before_the_gate_leaves_no_version(tmp_path: Path, mod
     versions = client.search_model_versions("name = 'stage-cascade'")
     assert [int(v.version) for v in versions] == [1] and versions[0].tags["gate"] == "passed"
     assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
+
+
+def test_a_champion_of_another_class_set_is_never_replaced(tmp_path: Path, model_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model trained on other classes, however good, is refused against the champion, naming both
+    class sets; every version records its class set."""
+    from pipeline.routing.package import MANIFEST, manifest_checksum
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
+    assert run_stage(root, model_dir) == 0
+    other = Path(shutil.copytree(model_dir, tmp_path / "other-classes"))
+    manifest = json.loads((other / MANIFEST).read_text())
+    manifest["meta"]["classes"] = ["w", "x", "y", "z"]
+    manifest["checksum"] = manifest_checksum(manifest)
+    (other / MANIFEST).write_text(json.dumps(manifest))
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.99, "mean_macs": 500.0}})
+    assert run_stage(root, other) == 0
+    second = json.loads((root / "metrics/register.json").read_text())
+    assert (second["version"], second["passed"], second["champion"]) == (2, False, 1)
+    assert second["reasons"] == [class_set_mismatch({CLASSES_TAG: '["ant", "bee", "cat", "dog"]'},
+                                                    ["w", "x", "y", "z"], 1)]
+    assert 'champion v1 was trained on ["ant", "bee", "cat", "dog"], this version on ["w", "x", "y", "z"]' \
+        in second["reasons"][0]
+    assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
+    assert tracking.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["tags"][CLASSES_TAG] == \
+        '["w", "x", "y", "z"]'
+    assert class_set_mismatch({}, ["a"], 1) is None  # a champion registered before the record: compared
 
 
 def test_register_stage_errors(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
