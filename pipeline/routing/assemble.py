@@ -38,7 +38,8 @@ def load_stage(models: Path, k: int, costs: CostModel, routing: str = "selected"
         arch = Arch.from_key(selection["static"])
         return Stage(module, (arch,), (costs.macs(k, arch),), threshold), info
     p = selection["predictor"]
-    predictor = Predictor(p["in_channels"], p["num_candidates"], hidden=p["hidden"], pool=p["pool"])
+    predictor = Predictor(p["in_channels"], p["num_candidates"], hidden=p["hidden"], pool=p["pool"],
+                          scoring=p.get("scoring", "label"), offsets=p.get("offsets"))
     predictor.load_state_dict(torch.load(models / f"m{k}" / "select" / "predictor.pt", weights_only=True))
     archs = tuple(Arch.from_key(key) for key in selection["candidates"])
     return Stage(module, archs, tuple(costs.macs(k, a) for a in archs), threshold, predictor.eval(),

@@ -136,15 +136,18 @@ def input_shapes(specs: Sequence[ModuleSpec], image_shape: Sequence[int]) -> lis
     return [(int(c), int(h), int(w)) for c, h, w in shapes]
 
 
-def _predictor_config(predictor: Predictor | None) -> dict[str, int] | None:
+def _predictor_config(predictor: Predictor | None) -> dict[str, Any] | None:
     if predictor is None:
         return None
-    return {
+    config: dict[str, Any] = {
         "in_channels": predictor.in_channels,
         "num_candidates": predictor.num_candidates,
         "hidden": predictor.hidden,
         "pool": predictor.pool_size,
     }
+    if predictor.scoring != "label":  # a label predictor's manifest stays as it always was
+        config.update(scoring=predictor.scoring, offsets=[float(o) for o in predictor.offsets.tolist()])
+    return config
 
 
 def _check_chain(specs: Sequence[ModuleSpec], in_channels: Sequence[int], num_classes: Sequence[int],

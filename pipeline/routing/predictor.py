@@ -3,11 +3,24 @@
 It must cost far less than what it saves (design: at most 5% of the module's cheapest candidate),
 so it is pooling plus a two-layer MLP; ``predictor_macs`` prices it with the same counter as the
 modules so the engine's per-image cost includes it.
+
+Two ways to score candidates (``scoring``):
+
+- ``label``: logits over R candidates, trained with cross-entropy on one label per image (the
+  cheapest candidate that answers right); it runs the argmax.
+- ``p_right``: one logit per candidate for "this candidate's answer is right", trained with binary
+  cross-entropy on every candidate's correctness; it runs the candidate with the highest
+  ``sigmoid(logit) + offset``, where ``offsets[r] = -price * macs[r] / max(macs)`` is a cost price
+  fitted after training (``priced_offsets``), so one trained net traces a whole accuracy-cost curve.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+
+from collections.abc import Callable, Sequence
+
+SCORINGS = ("label", "p_right")
 
 import torch
 from torch import nn
@@ -23,7 +36,8 @@ class Predictor(nn.Module):
     """
 
     def __init__(
-        self, in_channels: int, num_candidates: int, hidden: int = 16, pool: int = 1, seed: int = 0
+        self, in_channels: int, num_candidates: int, hidden: int = 16, pool: int = 1, seed: int = 0,
+        scoring: str = "label", offsets: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         for name, value, least in (
@@ -34,8 +48,18 @@ class Predictor(nn.Module):
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"Predictor.{name} must be an int >= {least}, got {value!r}")
+        if scoring not in SCORINGS:
+            raise ValueError(f"Predictor.scoring must be one of {SCORINGS}, got {scoring!r}")
+        offsets = [0.0] * num_candidates if offsets is None else [float(o) for o in offsets]
+        if len(offsets) != num_candidates or not all(math.isfinite(o) for o in offsets):
+            raise ValueError(f"Predictor.offsets needs {num_candidates} finite numbers, got {offsets!r}")
+        if scoring == "label" and any(offsets):
+            raise ValueError("Predictor.offsets are a cost price for scoring 'p_right'; 'label' takes none")
         self.in_channels = in_channels
         self.num_candidates = num_candidates
+        self.scoring = scoring
+        # Not in the state dict: the offsets live in the model's manifest beside the other settings.
+        self.register_buffer("offsets", torch.tensor(offsets, dtype=torch.float32), persistent=False)
         self.hidden = hidden
         self.pool_size = pool
         with torch.random.fork_rng(devices=[]):
@@ -49,8 +73,34 @@ class Predictor(nn.Module):
         return self.fc2(F.relu(self.fc1(h)))  # (B, R)
 
     def choose(self, features: torch.Tensor) -> torch.Tensor:
-        """The candidate to run for each image: argmax of the logits -> (B,) long."""
-        return self.forward(features).argmax(dim=1)  # (B,)
+        """The candidate to run for each image -> (B,) long: the argmax of the logits (``label``) or
+        of ``sigmoid(logits) + offsets`` (``p_right``)."""
+        logits = self.forward(features)  # (B, R)
+        if self.scoring == "label":
+            return logits.argmax(dim=1)  # (B,)
+        return (torch.sigmoid(logits.float()) + self.offsets).argmax(dim=1)  # (B,)
+
+    def with_offsets(self, offsets: Sequence[float]) -> Predictor:
+        """This ``p_right`` predictor with another cost price (in place; returns self)."""
+        if self.scoring != "p_right":
+            raise ValueError("with_offsets: only a 'p_right' predictor takes a cost price")
+        if len(offsets) != self.num_candidates:
+            raise ValueError(f"with_offsets needs {self.num_candidates} offsets, got {len(offsets)}")
+        self.offsets.copy_(torch.tensor([float(o) for o in offsets], dtype=torch.float32))
+        return self
+
+
+def priced_offsets(price: float, macs: Sequence[float]) -> list[float]:
+    """Offsets of a ``p_right`` predictor for a cost price: ``-price * macs[r] / max(macs)`` (R,).
+
+    ``price`` is in probability-of-right per the costliest candidate's MACs: at price 0.1 a candidate
+    must be 10 points likelier to be right per full cost of the largest one to be chosen."""
+    if not math.isfinite(price) or price < 0:
+        raise ValueError(f"priced_offsets: price must be a finite number >= 0, got {price!r}")
+    top = max(float(m) for m in macs)
+    if top <= 0:
+        raise ValueError(f"priced_offsets needs some candidate with MACs > 0, got {list(macs)}")
+    return [-price * float(m) / top for m in macs]
 
 
 def predictor_macs(predictor: Predictor, input_shape: Sequence[int]) -> int:
@@ -70,6 +120,39 @@ def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return weights.float()  # (R,)
 
 
+def _check_training(features: torch.Tensor, n: int, epochs: int, batch_size: int, lr: float) -> None:
+    if n == 0:
+        raise ValueError("train_predictor needs at least one sample")
+    if epochs < 1 or batch_size < 1 or lr <= 0:
+        raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0; got {epochs}, {batch_size}, {lr}")
+
+
+def _fit(predictor: Predictor, features: torch.Tensor, loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+         accuracy_of: Callable[[], float], history: dict[str, list[float]], *, epochs: int, lr: float,
+         batch_size: int, seed: int, weight_decay: float) -> dict[str, list[float]]:
+    """Adam over shuffled mini-batches of precomputed features; ``loss_of(logits, rows)``."""
+    n = features.shape[0]
+    optimizer = torch.optim.Adam(predictor.parameters(), lr=lr, weight_decay=weight_decay)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        predictor.train()
+        order = torch.randperm(n, generator=generator).to(features.device)  # (N,)
+        total, seen = 0.0, 0
+        for start in range(0, n, batch_size):
+            rows = order[start : start + batch_size]  # (b,)
+            loss = loss_of(predictor(features.index_select(0, rows)), rows)  # logits (b, R)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * rows.numel()
+            seen += rows.numel()
+        predictor.eval()
+        with torch.no_grad():
+            history["accuracy"].append(accuracy_of())
+        history["loss"].append(total / seen)
+    return history
+
+
 def train_predictor(
     predictor: Predictor,
     features: torch.Tensor,
@@ -82,7 +165,7 @@ def train_predictor(
     balanced: bool = False,
     weight_decay: float = 0.0,
 ) -> dict[str, list[float]]:
-    """Fit the predictor in place on precomputed features (N, C, H, W) and labels (N,) with Adam.
+    """Fit a ``label`` predictor in place on precomputed features (N, C, H, W) and labels (N,) with Adam.
 
     Cross-entropy, optionally weighted inverse to label frequency (``balanced``). Shuffling uses
     its own ``torch.Generator`` from ``seed``, so the same inputs give the same weights. Returns
@@ -94,38 +177,53 @@ def train_predictor(
             f"train_predictor needs features (N, C, H, W) and labels (N,), "
             f"got {tuple(features.shape)} and {tuple(labels.shape)}"
         )
+    if predictor.scoring != "label":
+        raise ValueError(f"train_predictor fits a 'label' predictor; this one scores {predictor.scoring!r}")
     n, r = labels.shape[0], predictor.num_candidates
-    if n == 0:
-        raise ValueError("train_predictor needs at least one sample")
+    _check_training(features, n, epochs, batch_size, lr)
     if int(labels.min()) < 0 or int(labels.max()) >= r:
         raise ValueError(f"train_predictor: labels must lie in [0, {r}), got {labels.unique().tolist()}")
-    if epochs < 1 or batch_size < 1 or lr <= 0:
-        raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0; got {epochs}, {batch_size}, {lr}")
     labels = labels.long().to(features.device)
     weight = class_weights(labels, r) if balanced else None
-    optimizer = torch.optim.Adam(predictor.parameters(), lr=lr, weight_decay=weight_decay)
-    generator = torch.Generator().manual_seed(seed)
     history: dict[str, list[float]] = {
         "loss": [],
         "accuracy": [],
         "label_share": (torch.bincount(labels, minlength=r).double() / n).tolist(),
     }
-    for _ in range(epochs):
-        predictor.train()
-        order = torch.randperm(n, generator=generator).to(features.device)  # (N,)
-        total, seen = 0.0, 0
-        for start in range(0, n, batch_size):
-            rows = order[start : start + batch_size]  # (b,)
-            logits = predictor(features.index_select(0, rows))  # (b, R)
-            loss = F.cross_entropy(logits, labels[rows], weight=weight)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach()) * rows.numel()
-            seen += rows.numel()
-        predictor.eval()
-        with torch.no_grad():
-            accuracy = float((predictor.choose(features) == labels).double().mean())
-        history["loss"].append(total / seen)
-        history["accuracy"].append(accuracy)
-    return history
+    return _fit(predictor, features, lambda logits, rows: F.cross_entropy(logits, labels[rows], weight=weight),
+                lambda: float((predictor.choose(features) == labels).double().mean()), history,
+                epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, weight_decay=weight_decay)
+
+
+def train_p_right(
+    predictor: Predictor,
+    features: torch.Tensor,
+    correct: torch.Tensor,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    weight_decay: float = 0.0,
+) -> dict[str, list[float]]:
+    """Fit a ``p_right`` predictor in place: binary cross-entropy of each candidate's logit against
+    whether that candidate's answer is right, ``correct`` (N, R). History as ``train_predictor``'s,
+    with ``accuracy`` the share of (image, candidate) pairs whose right/wrong it calls, and
+    ``label_share`` each candidate's share of right answers."""
+    if features.dim() != 4 or correct.dim() != 2 or features.shape[0] != correct.shape[0]:
+        raise ValueError(
+            f"train_p_right needs features (N, C, H, W) and correct (N, R), "
+            f"got {tuple(features.shape)} and {tuple(correct.shape)}"
+        )
+    if predictor.scoring != "p_right":
+        raise ValueError(f"train_p_right fits a 'p_right' predictor; this one scores {predictor.scoring!r}")
+    if correct.shape[1] != predictor.num_candidates:
+        raise ValueError(f"train_p_right: {correct.shape[1]} candidates in correct, predictor has "
+                         f"{predictor.num_candidates}")
+    _check_training(features, correct.shape[0], epochs, batch_size, lr)
+    target = correct.float().to(features.device)  # (N, R)
+    history: dict[str, list[float]] = {"loss": [], "accuracy": [], "label_share": target.mean(0).tolist()}
+    return _fit(predictor, features,
+                lambda logits, rows: F.binary_cross_entropy_with_logits(logits.float(), target[rows]),
+                lambda: float(((predictor(features) > 0).float() == target).double().mean()), history,
+                epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, weight_decay=weight_decay)

@@ -342,3 +342,23 @@ def test_recognize_files_collects_errors(saved: tuple[list[Stage], Path], tmp_pa
 
     arrays = np.stack([decode_image_file(p, 1, 16) for p in good])
     assert [{k: v for k, v in r.items() if k != "path"} for r in rows] == recognize_arrays(loaded, arrays)
+
+
+def test_a_cost_priced_predictor_keeps_its_price_through_the_package(tmp_path: Path) -> None:
+    stages = tiny_stages(seed=3)
+    routed = stages[1]
+    assert routed.predictor is not None
+    priced = Predictor(routed.predictor.in_channels, routed.predictor.num_candidates, hidden=8, seed=13,
+                       scoring="p_right", offsets=[0.0, -0.35])
+    with torch.no_grad():
+        priced.fc2.weight *= 20
+    stages[1] = build_stage(routed.module, feature_shapes(SPEC)[1], routed.candidates, routed.threshold, priced)
+    directory = save_cascade(tmp_path / "model", stages, META)
+    entry = json.loads((directory / MANIFEST).read_text())["modules"][1]
+    assert entry["predictor"]["scoring"] == "p_right"
+    assert entry["predictor"]["offsets"] == pytest.approx([0.0, -0.35])
+    loaded = load_cascade(directory)
+    x = preprocess(uint8_images(200, seed=4), META)
+    expected, got = run_cascade(stages, x), run_cascade(loaded.stages, x)
+    assert torch.equal(got.choices, expected.choices) and torch.equal(got.pred, expected.pred)
+    assert torch.equal(loaded.stages[1].predictor.offsets, torch.tensor([0.0, -0.35]))

@@ -3,7 +3,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.routing.predictor import Predictor, class_weights, predictor_macs, train_predictor
+from pipeline.routing.predictor import (
+    Predictor,
+    class_weights,
+    predictor_macs,
+    priced_offsets,
+    train_p_right,
+    train_predictor,
+)
 
 
 def separable(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,3 +81,48 @@ def test_train_predictor_rejects_bad_labels() -> None:
         train_predictor(Predictor(4, 3), features, torch.full((10,), 3), **kwargs)
     with pytest.raises(ValueError, match=r"\(N,\)"):
         train_predictor(Predictor(4, 3), features, torch.zeros(9, dtype=torch.long), **kwargs)
+
+
+def test_p_right_predictor_learns_which_candidate_is_right_and_prices_cost() -> None:
+    features, labels = separable(300, seed=2)
+    correct = torch.nn.functional.one_hot(labels, 3).bool()  # (N, 3): only candidate `label` is right
+    predictor = Predictor(4, 3, hidden=16, seed=0, scoring="p_right")
+    history = train_p_right(predictor, features, correct, epochs=20, lr=0.05, batch_size=50, seed=1)
+    assert history["loss"][-1] < history["loss"][0] and history["accuracy"][-1] > 0.9
+    assert history["label_share"] == pytest.approx(correct.float().mean(0).tolist())
+    assert float((predictor.choose(features) == labels).float().mean()) > 0.9  # price 0: the likeliest
+    macs = [1.0, 2.0, 10.0]
+    predictor.with_offsets(priced_offsets(20.0, macs))  # a price no p(right) gap outweighs: the cheapest
+    assert torch.equal(predictor.choose(features), torch.zeros(300, dtype=torch.long))
+    assert priced_offsets(0.5, macs) == pytest.approx([-0.05, -0.1, -0.5])
+
+
+def test_p_right_choice_follows_the_price_monotonically() -> None:
+    features, labels = separable(200, seed=3)
+    correct = torch.stack([labels == 0, labels != 2, torch.ones_like(labels, dtype=torch.bool)], 1)
+    predictor = Predictor(4, 3, hidden=16, seed=0, scoring="p_right")
+    train_p_right(predictor, features, correct, epochs=20, lr=0.05, batch_size=50, seed=1)
+    macs = [1.0, 2.0, 4.0]
+    spent = [float(torch.tensor(macs)[predictor.with_offsets(priced_offsets(p, macs)).choose(features)].mean())
+             for p in (0.0, 0.05, 0.3, 1.0, 10.0)]
+    assert spent == sorted(spent, reverse=True) and spent[0] > spent[-1] == 1.0
+
+
+def test_predictor_scoring_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="scoring"):
+        Predictor(4, 3, scoring="cost")
+    with pytest.raises(ValueError, match="offsets"):
+        Predictor(4, 3, scoring="p_right", offsets=[0.0, 1.0])
+    with pytest.raises(ValueError, match="offsets"):
+        Predictor(4, 3, scoring="p_right", offsets=[0.0, float("nan"), 1.0])
+    with pytest.raises(ValueError, match="label"):
+        Predictor(4, 3, offsets=[0.0, -0.1, -0.2])
+    with pytest.raises(ValueError, match="p_right"):
+        Predictor(4, 3).with_offsets([0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match="p_right"):
+        train_p_right(Predictor(4, 3), torch.zeros(4, 4, 2, 2), torch.zeros(4, 3), epochs=1, lr=0.1,
+                      batch_size=2, seed=0)
+    with pytest.raises(ValueError, match="price"):
+        priced_offsets(-1.0, [1.0, 2.0])
+    # A 'label' predictor keeps its argmax: offsets stay zero and never enter its choice.
+    assert torch.equal(Predictor(4, 3).offsets, torch.zeros(3))
