@@ -9,6 +9,7 @@ runs ``a/__init__.py`` and ``a/b/__init__.py``, so those are part of what it run
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,13 +134,42 @@ def code_deps(module: str, root: Path = ROOT, packages: tuple[str, ...] = PACKAG
     return sorted(d for pkg in packages for d in cover(Path(pkg)))
 
 
+CODE_BLOCK = re.compile(r"^(\s*)# code: every project file `python -m (stages\.\w+)` runs \(")
+
+
+def sync_dvc_yaml(text: str, root: Path = ROOT) -> str:
+    """``text`` (a dvc.yaml) with each generated ``# code:`` block's list replaced by ``code_deps`` of
+    its stage module; every other line (comments, data deps, hand-written blocks) stays as it is."""
+    lines, out, i = text.splitlines(keepends=True), [], 0
+    while i < len(lines):
+        out.append(lines[i])
+        found = CODE_BLOCK.match(lines[i])
+        i += 1
+        if not found:
+            continue
+        indent = found.group(1)
+        while i < len(lines) and re.match(rf"^{indent}- (pipeline|stages)(/|\s*$)", lines[i]):
+            i += 1  # the old list
+        out.extend(f"{indent}- {dep}\n" for dep in code_deps(found.group(2), root))
+    return "".join(out)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m pipeline.codegraph", description=(
-        "Print the code deps (dvc.yaml entries) of a stage module: every project file it runs."))
-    p.add_argument("modules", nargs="+", help="module names, e.g. stages.train")
-    for module in p.parse_args(argv).modules:
+        "Print the code deps (dvc.yaml entries) of stage modules: every project file each runs; "
+        "or, with --sync, rewrite dvc.yaml's generated '# code:' lists from the import graph."))
+    p.add_argument("modules", nargs="*", help="module names, e.g. stages.train")
+    p.add_argument("--sync", type=Path, metavar="DVC_YAML", help="rewrite this dvc.yaml's code lists in place")
+    args = p.parse_args(argv)
+    if args.sync:
+        before = args.sync.read_text()
+        after = sync_dvc_yaml(before)
+        if after != before:
+            args.sync.write_text(after)
+        print(f"{args.sync}: code deps {'updated' if after != before else 'already up to date'}")
+    for module in args.modules:
         print(f"{module}:")
         for dep in code_deps(module):
             print(f"  - {dep}")

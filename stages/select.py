@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from pipeline.config import ComputeConfig, ConfigError, TrackingConfig, section
 from pipeline.device import autocast, cpu_state_dict, prefix_to
@@ -18,6 +17,7 @@ from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
 from pipeline.routing.assemble import load_prefix
+from pipeline.routing.features import candidate_outputs, split_features
 from pipeline.routing.predictor import Predictor, predictor_macs, train_predictor
 from pipeline.routing.rules import predictor_labels, predictor_pays, static_choice
 from pipeline.search.space import Arch
@@ -25,31 +25,6 @@ from pipeline.tracking import stage_run
 from stages.common import StageFailed, cli, module_number, params_of, parser
 
 MODES = ("predictor", "testset")
-
-
-@torch.inference_mode()
-def candidate_outputs(module, features: torch.Tensor, labels: torch.Tensor, archs: list[Arch],
-                      batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per image and candidate: correct (N, R), p(true class) (N, R), CE (N, R), on the CPU whatever
-    device ``module`` and ``features`` are on (logits in float32)."""
-    correct, p_true, ce = [], [], []
-    labels = labels.cpu()
-    for arch in archs:
-        logits = torch.cat([module(features[s:s + batch_size], arch)[1].float().cpu()
-                            for s in range(0, len(labels), batch_size)])
-        correct.append(logits.argmax(1) == labels)
-        p_true.append(logits.softmax(1).gather(1, labels[:, None])[:, 0])
-        ce.append(F.cross_entropy(logits, labels, reduction="none"))
-    return torch.stack(correct, 1), torch.stack(p_true, 1), torch.stack(ce, 1)
-
-
-def split_features(prefix, split, batch_size: int = 512, device: torch.device | None = None,
-                   precision: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
-    """Module k's input (N, C, H, W) float32 on ``device`` (default: the CPU), labels (N,) on the CPU."""
-    device = torch.device("cpu") if device is None else device
-    with torch.inference_mode(), autocast(device, precision):
-        pairs = [(prefix(x), y) for x, y in prefix.batches(split.images, split.labels, batch_size, device)]
-    return torch.cat([p[0] for p in pairs]).float(), torch.cat([p[1] for p in pairs]).cpu()
 
 
 @cli

@@ -17,16 +17,15 @@ Two ways to score candidates (``scoring``):
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Sequence
-
-SCORINGS = ("label", "p_right")
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from pipeline.models.cost import count_macs
+
+SCORINGS = ("label", "p_right")
 
 
 class Predictor(nn.Module):
@@ -127,8 +126,8 @@ def _check_training(features: torch.Tensor, n: int, epochs: int, batch_size: int
         raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0; got {epochs}, {batch_size}, {lr}")
 
 
-def _fit(predictor: Predictor, features: torch.Tensor, loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-         accuracy_of: Callable[[], float], history: dict[str, list[float]], *, epochs: int, lr: float,
+def _fit(predictor: Predictor, features: torch.Tensor,
+         loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], accuracy_of: Callable[[], float], history: dict[str, list[float]], *, epochs: int, lr: float,
          batch_size: int, seed: int, weight_decay: float) -> dict[str, list[float]]:
     """Adam over shuffled mini-batches of precomputed features; ``loss_of(logits, rows)``."""
     n = features.shape[0]
@@ -190,7 +189,8 @@ def train_predictor(
         "accuracy": [],
         "label_share": (torch.bincount(labels, minlength=r).double() / n).tolist(),
     }
-    return _fit(predictor, features, lambda logits, rows: F.cross_entropy(logits, labels[rows], weight=weight),
+    return _fit(predictor, features,
+                lambda logits, rows: F.cross_entropy(logits, labels[rows], weight=weight),
                 lambda: float((predictor.choose(features) == labels).double().mean()), history,
                 epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, weight_decay=weight_decay)
 
