@@ -25,7 +25,7 @@ from pipeline.params_schema import check_params
 PROFILES = Path("profiles")
 WHERE = (
     ("model directory", "models/cascade/ (cascade recognize --model models/cascade IMAGE ...)"),
-    ("registered model", "MLflow registry, name in params register.model_name (metrics/register.json)"),
+    ("registered model", "MLflow registry, its name and version in metrics/register.json (model_name, version)"),
     ("metrics", "metrics/headline.json (dvc metrics show), metrics/evaluate.json (every figure)"),
     ("plots", "plots/ (dvc plots show), MLflow runs (make mlflow-ui)"),
 )

@@ -55,6 +55,25 @@ _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/@]+)|/(?P<version>
 _TAG_UNSAFE = re.compile(r"[^\w./ :-]")
 
 
+AUTO_NAME = "auto"
+
+
+def model_name_for(source: str) -> str:
+    """The registered model's name when params say ``register.model_name: auto``: named after the data
+    it learned, so models of other datasets never share a name (and a champion) by default.
+    ``fashion-mnist[:dir]`` -> ``fashion-cascade`` (the name it always had), ``digits`` ->
+    ``digits-cascade``, ``imagefolder:/data/flowers`` or ``idx:/data/flowers`` -> ``flowers-cascade``."""
+    kind, _, where = source.partition(":")
+    if kind == "fashion-mnist":
+        stem = "fashion"
+    elif where:
+        stem = Path(where.rstrip("/\\")).name or kind
+    else:
+        stem = kind
+    stem = re.sub(r"[^\w.-]+", "-", stem.lower()).strip("-.") or "model"
+    return f"{stem}-cascade"
+
+
 @dataclass(frozen=True)
 class RegisterConfig:
     model_name: str
@@ -64,7 +83,10 @@ class RegisterConfig:
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RegisterConfig:
         s = section(params, "register")
-        cfg = cls(model_name=_get(s, "model_name", "register", str),
+        name = _get(s, "model_name", "register", str)
+        if name == AUTO_NAME:
+            name = model_name_for(str((params.get("data") or {}).get("source", "fashion-mnist")))
+        cfg = cls(model_name=name,
                   acc_tolerance=_get(s, "acc_tolerance", "register", float),
                   macs_tolerance=_get(s, "macs_tolerance", "register", float))
         _check(bool(re.fullmatch(r"[\w.-]+", cfg.model_name)), "register.model_name",

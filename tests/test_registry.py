@@ -33,6 +33,7 @@ from pipeline.registry import (
     CLASSES_TAG,
     CURVE_TAG,
     RegisterConfig,
+    model_name_for,
     accuracy_at,
     class_set_mismatch,
     curve_points,
@@ -196,6 +197,21 @@ def test_register_config() -> None:
         RegisterConfig.from_params(params(model_name="a/b"))
     with pytest.raises(ConfigError, match="register.acc_tolerance must be float"):
         RegisterConfig.from_params(params(acc_tolerance="x"))
+
+
+
+@pytest.mark.parametrize(("source", "name"), [
+    ("fashion-mnist", "fashion-cascade"), ("fashion-mnist:/usr/share/fashion", "fashion-cascade"),
+    ("digits", "digits-cascade"), ("imagefolder:/data/My Flowers/", "my-flowers-cascade"),
+    ("idx:/srv/kmnist", "kmnist-cascade"), ("imagefolder:/", "imagefolder-cascade"),
+])
+def test_an_auto_model_name_follows_the_data(source: str, name: str) -> None:
+    assert model_name_for(source) == name
+    params = {"data": {"source": source},
+              "register": {"model_name": "auto", "acc_tolerance": 0, "macs_tolerance": 0.1}}
+    assert RegisterConfig.from_params(params).model_name == name
+    params["register"]["model_name"] = "mine"  # a name given in params is kept as it is
+    assert RegisterConfig.from_params(params).model_name == "mine"
 
 
 # -------------------------------------------------------------------------------------------- lineage
