@@ -248,7 +248,7 @@ def describe_cascade(loaded: LoadedCascade) -> dict[str, Any]:
 
 
 def format_subnets(subnets: Sequence[str]) -> str:
-    """Human form of a row's ``subnets``: a fixed module's empty key reads ``fixed``."""
+    """Human form of a row's ``subnets`` (``recognize_arrays`` names a fixed module ``fixed``)."""
     return " ; ".join(s if s else "fixed" for s in subnets)
 
 

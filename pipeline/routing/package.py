@@ -40,6 +40,7 @@ MAX_CHANNELS = 4096
 MAX_HEAD = 4096  # head_grid and head_hidden
 MANIFEST = "cascade.json"
 NOT_REACHED = "-"
+FIXED_PATH = "fixed"  # what a row names a fixed module's path (its Arch key is empty)
 
 
 @dataclass(frozen=True)
@@ -368,11 +369,12 @@ def _device_of(loaded: LoadedCascade) -> torch.device:
 def recognize_arrays(
     loaded: LoadedCascade, images_uint8: np.ndarray, batch_size: int = 256
 ) -> list[dict[str, Any]]:
-    """One row per image: class, confidence, 1-based exit, chosen subnet per module, MACs spent."""
+    """One row per image: class, confidence, 1-based exit, chosen subnet per module (``fixed`` for a fixed
+    module, ``-`` where the image left earlier), MACs spent."""
     x = preprocess(images_uint8, loaded.meta).to(_device_of(loaded))
     out = run_cascade(loaded.stages, x, confidence_kind=loaded.meta.confidence_kind, batch_size=batch_size,
                       ensemble_decay=loaded.meta.ensemble_decay)
-    keys = [[arch.key() for arch in stage.candidates] for stage in loaded.stages]
+    keys = [[arch.key() or FIXED_PATH for arch in stage.candidates] for stage in loaded.stages]
     rows = []
     columns = (out.pred, out.conf, out.exit_index, out.choices, out.macs)
     for pred, conf, exit_k, choices, macs in zip(*(t.tolist() for t in columns), strict=True):

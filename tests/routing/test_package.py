@@ -156,10 +156,11 @@ def test_round_trip_gives_identical_predictions(saved: tuple[list[Stage], Path])
     assert [r["class_index"] for r in rows] == expected.pred.tolist()
     assert [r["exit"] for r in rows] == (expected.exit_index + 1).tolist()
     assert [r["macs"] for r in rows] == expected.macs.tolist()
+    assert {r["subnets"][0] for r in rows} == {"fixed"}  # module 1 is fixed: named so, in JSON as in the table
     for row, choices in zip(rows, expected.choices.tolist(), strict=True):
         assert row["class_name"] == META.classes[row["class_index"]]
         assert row["subnets"] == [
-            "-" if c < 0 else stages[k].candidates[c].key() for k, c in enumerate(choices)
+            "-" if c < 0 else stages[k].candidates[c].key() or "fixed" for k, c in enumerate(choices)
         ]
 
 
