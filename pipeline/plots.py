@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,6 +43,12 @@ def score_histogram(path: str | os.PathLike[str], scores: np.ndarray, levels: np
     _save(plt, fig, path)
 
 
+def wrapped_label(name: str, width: int = 10) -> str:
+    """A class name on lines of at most ``width`` characters (whole words where they fit), so a narrow
+    title shows all of it: ``"lucky seven"`` -> ``"lucky\\nseven"``."""
+    return "\n".join(textwrap.wrap(name, width)) or name
+
+
 def level_examples(path: str | os.PathLike[str], images: np.ndarray, labels: np.ndarray, levels: np.ndarray,
                    classes: Sequence[str], per_level: int = 12, seed: int = 0) -> None:
     """A grid of example images per level (rows), titled with their class, to eyeball a split."""
@@ -60,7 +67,7 @@ def level_examples(path: str | os.PathLike[str], images: np.ndarray, labels: np.
                 continue
             image = images[chosen[col]]  # (C, H, W)
             ax.imshow(image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0), cmap="gray")
-            ax.set_title(str(classes[labels[chosen[col]]])[:10], fontsize=6)
+            ax.set_title(wrapped_label(str(classes[labels[chosen[col]]])), fontsize=6)
         axes[row, 0].text(-0.3, 0.5, f"L{level}", transform=axes[row, 0].transAxes, ha="right", va="center")
     fig.suptitle("Example training images per difficulty level (L1 easiest)", fontsize=9)
     fig.tight_layout()
