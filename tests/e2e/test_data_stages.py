@@ -86,3 +86,18 @@ def test_failed_validation_stops_the_pipeline(tiny_repo, tmp_path):
                   "--out", str(out)], tiny_repo, check=False)
     assert result.returncode == 1
     assert "expect_column_values_to_be_between(pixel_mean)" in result.stderr and "e.g. ids" in result.stderr
+
+
+def test_a_failed_ingest_keeps_the_previous_data_and_metrics(tiny_repo, tmp_path):
+    """DVC deletes a stage's outputs before running it unless they persist: ingest's do, and ingest
+    writes them atomically, so a bad source leaves the last good data/prepared and metrics in place."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo, symlinks=True)
+    kept = [repo / "metrics" / "ingest.json", *sorted((repo / "data" / "prepared").iterdir())]
+    before = {p: p.read_bytes() for p in kept}
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    params["data"]["source"] = f"imagefolder:{tmp_path / 'no-such-folder'}"
+    (repo / "params.yaml").write_text(yaml.safe_dump(params))
+    result = run(["dvc", "repro", "ingest"], repo, check=False)
+    assert result.returncode != 0 and "no-such-folder" in result.stdout + result.stderr
+    assert {p: p.read_bytes() for p in kept if p.exists()} == before
