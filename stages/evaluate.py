@@ -10,7 +10,6 @@ Each cascade runs with the exit ensemble its calibration chose (`ensemble_decay`
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,7 @@ import torch
 
 from pipeline.baselines import baseline_arrays, evaluate_baselines, load_baselines
 from pipeline.config import ComputeConfig, TrackingConfig
+from pipeline.data.grader_store import GRADER_FILE, levels_of, load_grader
 from pipeline.device import autocast, to_device
 from pipeline.evaluation import (
     all_exit_figures,
@@ -63,18 +63,6 @@ def static_stages(stages: list[Stage], costs: CostModel, which: str) -> list[Sta
             arch = (max(pairs, key=lambda p: p[0]) if which.endswith("largest") else min(pairs, key=lambda p: p[0]))[1]
         out.append(Stage(stage.module, (arch,), (costs.macs(k, arch),), float("inf")))
     return out
-
-
-def test_levels(grader_path: Path, scores_csv: Path, images: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    """Difficulty level of test images: the grading model's score, binned at the training levels' edges."""
-    with open(grader_path, "rb") as fh:
-        grader = pickle.load(fh)
-    proba = np.zeros((len(labels), int(labels.max()) + 1))
-    proba[:, grader.classes_] = grader.predict_proba(images)
-    scores = 1.0 - proba[np.arange(len(labels)), labels]
-    train = pd.read_csv(scores_csv)
-    edges = train.groupby("level")["score"].max().sort_index().to_numpy()[:-1]
-    return np.searchsorted(edges, scores, side="left") + 1
 
 
 def headline(results: dict) -> dict:
@@ -127,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     kind, n_classes = meta.confidence_kind, len(meta.classes)
     x, y = preprocess(test.images, meta).to(device), test.labels
     xc, yc = preprocess(calib.images, meta).to(device), calib.labels
-    levels = test_levels(args.graded / "grader.pkl", args.graded / "scores.csv", test.images, y)
+    levels = levels_of(load_grader(args.graded / GRADER_FILE), test.images, y, args.graded / "scores.csv")
     torch.set_grad_enabled(False)
     with stage_run("evaluate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"model": str(args.model)}) as run, autocast(device, compute.precision):

@@ -4,7 +4,6 @@ curriculum. Checks the grading with Great Expectations; writes metrics, plots an
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from pipeline.config import GradeConfig, TrackingConfig
+from pipeline.data.grader_store import GRADER_FILE, save_grader
 from pipeline.data.grading import grade
 from pipeline.data.validation import validate_grading
 from pipeline.io import atomic_path, load_split, read_json, write_json
@@ -51,9 +51,8 @@ def main(argv: list[str] | None = None) -> None:
             scores.to_csv(tmp / "scores.csv", index=False, float_format="%.6f")
             for module in range(1, cfg.levels + 1):
                 ids = grading.module_ids(module, cfg.levels, cfg.curriculum, cfg.level_weight)
-                (tmp / f"module_{module}.txt").write_text("\n".join(ids.astype(str)) + "\n")
-            with open(tmp / "grader.pkl", "wb") as fh:
-                pickle.dump(model, fh)
+                (tmp / f"m{module}.txt").write_text("\n".join(ids.astype(str)) + "\n")
+            save_grader(tmp / GRADER_FILE, model)  # arrays, not a pickle: data/graded is shared
 
         summary = grading.level_summary(len(classes))
         modules = []

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     costs = CostModel.load(args.profile, args.latency or args.root / LATENCY_FILE)
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
-    index = curriculum_index(train.ids, (args.graded / f"module_{k}.txt").read_text().splitlines())
+    index = curriculum_index(train.ids, (args.graded / f"m{k}.txt").read_text().splitlines())
     subset = train.subset(index)
     if k == 1:  # normalisation statistics of the training images; later modules inherit them from m1
         pixels = train.images.astype(np.float32) / 255.0
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     out_dir = args.models / name / "train"
     for path in clean_stale_temporaries(args.models / name) if world.main else ():
         print(f"train@{name}: removed {path} (left by a killed run)", flush=True)
-    inputs = [args.data / "train.npz", args.data / "meta.json", args.graded / f"module_{k}.txt", args.profile,
+    inputs = [args.data / "train.npz", args.data / "meta.json", args.graded / f"m{k}.txt", args.profile,
               *(args.models / f"m{j}" / part for j in range(1, k) for part in ("train", "select")),
               *([args.teacher] if soft is not None else [])]
     root = Path(args.root)

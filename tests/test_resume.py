@@ -244,7 +244,7 @@ def _tiny_repo(root: Path) -> list[str]:
     save_split(root / "data" / "prepared" / "route.npz", Split("route", images[64:], labels[64:], ids[64:]))
     (root / "data" / "prepared" / "meta.json").write_text(json.dumps(
         {"image_shape": [1, 16, 16], "classes": ["h", "v", "c", "f"]}))
-    (root / "data" / "graded" / "module_1.txt").write_text("\n".join(ids[:64]) + "\n")
+    (root / "data" / "graded" / "m1.txt").write_text("\n".join(ids[:64]) + "\n")
     common = ["--params", str(root / "params.yaml"), "--root", str(root),
               "--data", str(root / "data" / "prepared")]
     assert profile.main([*common, "--out", str(root / "models" / "profile.json")]) == 0

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 def test_outputs_metrics_plots_and_docs(tiny_repo):
     for path in ("data/prepared/train.npz", "data/prepared/meta.json", "reports/validation/summary.json",
                  "reports/data_docs/index.html", "data/graded/scores.csv", "data/graded/module_3.txt",
-                 "data/graded/grader.pkl", "plots/grade/score_hist.png", "plots/grade/examples.png"):
+                 "data/graded/grader.npz", "plots/grade/score_hist.png", "plots/grade/examples.png"):
         assert (tiny_repo / path).exists(), path
     grade = json.loads((tiny_repo / "metrics/grade.json").read_text())
     means = [lv["mean_score"] for lv in grade["levels"]]
@@ -71,7 +71,7 @@ def test_push_and_pull_give_byte_identical_splits(tiny_repo, tmp_path):
     run(["git", "clone", "-q", str(tiny_repo), str(clone)], tmp_path)
     run(["dvc", "remote", "add", "-f", "-d", "local", str(remote)], clone)
     run(["dvc", "pull", "data/graded", "data/prepared"], clone)
-    for rel in ("data/graded/scores.csv", "data/graded/module_1.txt", "data/prepared/train.npz"):
+    for rel in ("data/graded/scores.csv", "data/graded/m1.txt", "data/prepared/train.npz"):
         assert (clone / rel).read_bytes() == (tiny_repo / rel).read_bytes(), rel
     shutil.rmtree(clone)
 
