@@ -64,6 +64,7 @@ class TrainConfig:
     paired_perf: bool = True  # with sandwich: perf of a path is its CE minus the largest path's CE on the same images
     kd: float = 0.0  # weight of distillation from soft targets (a teacher's probabilities per image); 0 = off
     kd_temperature: float = 1.0  # the student's logits are divided by it (the soft targets were made at it)
+    grad_clip: float = 0.0  # clip the gradients' global norm to this before each step; 0 = off
     processes: int = 1  # data-parallel ranks (the stage relaunches itself under torchrun when > 1)
 
     def __post_init__(self) -> None:
@@ -128,6 +129,7 @@ def _config_problems(c: TrainConfig) -> Iterator[str]:
         ("paired_perf", isinstance(c.paired_perf, bool), "a bool"),
         ("kd", _is_number(c.kd) and c.kd >= 0, "a number >= 0"),
         ("kd_temperature", _is_number(c.kd_temperature) and c.kd_temperature > 0, "a number > 0"),
+        ("grad_clip", _is_number(c.grad_clip) and c.grad_clip >= 0, "a number >= 0 (0: off)"),
         ("processes", _is_int(c.processes) and c.processes >= 1, "an int >= 1"),
     ]
     for name, ok, wanted in checks:

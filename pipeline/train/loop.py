@@ -49,6 +49,10 @@ class TrainResult:
     prob_model: ProbModel | None
 
 
+class TrainingDiverged(ValueError):
+    """The training loss became NaN or infinite: the run stops instead of training on garbage."""
+
+
 def _optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
     """Nesterov SGD; no weight decay on BatchNorm and biases (1-d), which it would only shrink."""
     params = [q for q in module.parameters() if q.requires_grad]
@@ -212,11 +216,17 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
                 out = step_net(h, y, model, soft)
             optimizer.zero_grad(set_to_none=True)  # unpicked ops keep grad None: no decay, no momentum
             out.loss.backward()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)
             optimizer.step()
             if out.model is not None:
                 model = out.model
                 iterations.append({"epoch": epoch, "iteration": len(iterations) + 1, **out.info})
             steps.append(_StepStats.of(out))
+            if not math.isfinite(steps[-1].loss):
+                raise TrainingDiverged(f"training diverged: the loss is {steps[-1].loss} at epoch {epoch}, "
+                                       f"step {i + 1} of {len(data)}; lower train.lr, set train.grad_clip "
+                                       f"(e.g. 5) or lower train.kd")
             bar.set_postfix(loss=f"{steps[-1].loss:.3f}", refresh=False)
         bar.close()
         seconds = time.perf_counter() - start

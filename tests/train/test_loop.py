@@ -14,7 +14,7 @@ from pipeline.models.modules import NO_ARCH, ModuleSpec
 from pipeline.search.probmodel import ProbModel
 from pipeline.train.config import TrainConfig, learning_rate
 from pipeline.train.data import ERASE_AREA, ImageBatches, random_crop, random_erase
-from pipeline.train.loop import train_module
+from pipeline.train.loop import TrainingDiverged, train_module
 from pipeline.train.paths import evaluate_path, module_outputs, recalibrate_batchnorm
 from pipeline.train.prefix import Prefix
 from pipeline.train.steps import distillation_loss, extreme_archs, soft_target_loss
@@ -181,7 +181,7 @@ def test_on_epoch_sees_every_epoch_with_the_module_and_p() -> None:
      ("warmup_epochs", 5), ("crop_padding", -1), ("flip", 1), ("lam", -0.1), ("sampler", "random"),
      ("m", 64), ("pool_factor", 0), ("temperature", 0.0), ("step", 0.0), ("beta", -1.0),
      ("mi_eps", 0.0), ("lambda_c", float("nan")), ("label_smoothing", 1.0), ("seed", 1.5),
-     ("kd", -1.0), ("kd_temperature", 0.0)],
+     ("kd", -1.0), ("kd_temperature", 0.0), ("grad_clip", -1.0)],
 )
 def test_bad_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"TrainConfig\.{field}\b"):
@@ -386,3 +386,19 @@ def test_recalibrate_batchnorm_touches_only_the_path_and_fits_its_statistics() -
         h = torch.cat([supernet.transition[0](prefix(x)) for x, _ in prefix.batches(images, np.zeros(64, int), 64,
                                                                                         torch.device("cpu"))])
     assert torch.allclose(supernet.transition[1].running_mean, h.mean(dim=(0, 2, 3)), atol=1e-5)
+
+
+def test_a_diverging_run_stops_with_a_clear_error_and_grad_clip_keeps_it_finite() -> None:
+    """An absurd learning rate makes the loss NaN within steps (as KD on a supernet at position 1 did at
+    lr 0.1): training stops naming the epoch and step instead of going on with NaN weights; clipping the
+    gradients' norm keeps the same run finite."""
+    with pytest.raises(TrainingDiverged, match=r"diverged: the loss is (nan|inf) at epoch \d, step \d+ of 6"):
+        train(0, cfg(epochs=2, lr=10.0, warmup_epochs=0.0))
+    _, _, result = train(0, cfg(epochs=2, lr=10.0, warmup_epochs=0.0, grad_clip=0.1))
+    assert all(math.isfinite(h["loss"]) for h in result.history)
+
+
+def test_grad_clip_off_changes_nothing() -> None:
+    a, _, _ = train(0, cfg(epochs=1))
+    b, _, _ = train(0, cfg(epochs=1, grad_clip=0.0))
+    assert_bitwise_equal(state(a[0]), state(b[0]))
