@@ -44,6 +44,7 @@ PICKS = ("entropy", "greedy", "plain")  # pipeline.search.probmodel.PICKS
 CONFIDENCES = ("maxprob", "margin")  # pipeline.models.modules.CONFIDENCE_KINDS
 REFERENCES = ("last", "best")  # pipeline.routing.calibration.REFERENCES
 SELECT_MODES = ("predictor", "testset")  # stages.select.MODES
+SELECT_SCORINGS = ("label", "p_right")  # pipeline.routing.predictor.SCORINGS
 CALIBRATE_MODES = ("delta", "budget")
 SOURCE_PATTERN = r"fashion-mnist(:.+)?|idx:.+|imagefolder:.+|digits"  # pipeline.data.sources.load_source
 
@@ -309,6 +310,9 @@ SELECT = {
     "balanced": Bool(default=False),
     "fallback_tolerance": Number(ge=0, le=1, default=0.0),
     "max_macs_share": Number(gt=0, le=1, default=0.05),
+    "scoring": Str(choices=SELECT_SCORINGS, default="label",
+                   doc="label: the cheapest right candidate; p_right: each candidate's chance, cost-priced"),
+    "pool": Int(ge=1, default=1, doc="the predictor pools its input to pool x pool before its MLP"),
 }
 
 CALIBRATE = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from pipeline.config import ComputeConfig, ConfigError, TrackingConfig, section
@@ -18,8 +17,9 @@ from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.features import candidate_outputs, split_features
-from pipeline.routing.predictor import Predictor, predictor_macs, train_predictor
-from pipeline.routing.rules import predictor_labels, predictor_pays, static_choice
+from pipeline.routing.predictor import predictor_macs
+from pipeline.routing.rules import predictor_pays, static_choice
+from pipeline.routing.selection import PredictorConfig, fit_predictor
 from pipeline.search.space import Arch
 from pipeline.tracking import stage_run
 from stages.common import StageFailed, cli, module_number, params_of, parser
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> None:
         raise ConfigError(f"params: select.mode must be one of {MODES}, got {mode!r}")
     hidden, epochs, max_share = int(s.get("hidden", 16)), int(s.get("epochs", 30)), float(s.get("max_macs_share", 0.05))
     fallback_tolerance = float(s.get("fallback_tolerance", 0.0))
+    scoring, pool = str(s.get("scoring", "label")), int(s.get("pool", 1))
     delta = float(s.get("delta", 0.003))
     seed = int(params.get("seed", 0))
     compute = ComputeConfig.from_params(params)
@@ -75,25 +76,21 @@ def main(argv: list[str] | None = None) -> None:
                                               precision=compute.precision)
             with autocast(device, compute.precision):
                 r_correct, r_p_true, _ = candidate_outputs(module, route_h, route_y, archs)
-            labels = predictor_labels(r_correct, r_p_true, macs)
-            n_fit = int(0.8 * len(labels))  # hold out a fifth of route to report the predictor honestly
-            predictor = Predictor(route_h.shape[1], len(archs), hidden=hidden,
-                                  seed=seed + k).to(device)  # initialised on the CPU, then moved
-            history = train_predictor(predictor, route_h[:n_fit], labels[:n_fit], epochs=epochs, lr=0.01,
-                                      batch_size=128, seed=seed + k, balanced=bool(s.get("balanced", False)))
-            with torch.inference_mode():
-                held_choice = predictor.choose(route_h[n_fit:]).cpu()
-            held_acc = float((held_choice == labels[n_fit:]).float().mean())
+            fitted = fit_predictor(route_h, r_correct, r_p_true, macs, static, PredictorConfig(
+                scoring=scoring, hidden=hidden, pool=pool, epochs=epochs, balanced=bool(s.get("balanced", False)),
+                seed=seed + k))
+            predictor, held_choice, n_fit = fitted.predictor, fitted.held_choice, fitted.n_fit
             rows = torch.arange(len(held_choice))
             routed_right = float(r_correct[n_fit:][rows, held_choice].float().mean())
             p_macs = predictor_macs(predictor, tuple(route_h.shape[1:]))
             if p_macs > max_share * min(macs):
                 raise StageFailed(f"select@{name}: predictor costs {p_macs:,} MACs, over {max_share:.0%} of the "
-                                  f"cheapest candidate ({min(macs):,}); lower select.hidden")
+                                  f"cheapest candidate ({min(macs):,}); lower select.hidden or select.pool")
             torch.save(cpu_state_dict(predictor), tmp / "predictor.pt")
-            share = np.bincount(labels.numpy(), minlength=len(archs)) / len(labels)
             selection["predictor"] = {"in_channels": int(route_h.shape[1]), "num_candidates": len(archs),
-                                      "hidden": hidden, "pool": 1, "macs": p_macs}
+                                      "hidden": hidden, "pool": pool, "macs": p_macs}
+            if scoring != "label":
+                selection["predictor"].update(scoring=scoring, offsets=predictor.offsets.tolist())
             held_static = r_correct[n_fit:, static].float().mean().item()
             held_macs = float(torch.tensor(macs, dtype=torch.float64)[held_choice].mean()) + p_macs
             keep = predictor_pays(routed_right, held_macs, held_static, macs[static], fallback_tolerance)
@@ -101,10 +98,11 @@ def main(argv: list[str] | None = None) -> None:
                 selection["mode"] = "testset"
             metrics.update({"predictor_used": keep, "static_acc_heldout": held_static,
                             "predictor_mean_macs_heldout": held_macs})
-            metrics.update({"predictor_label_acc_heldout": held_acc, "predictor_routed_acc_heldout": routed_right,
-                            "predictor_macs": p_macs, "predictor_macs_share": p_macs / min(macs),
-                            "label_share": share.round(4).tolist(),
-                            "predictor_fit_acc": history["accuracy"][-1] if history["accuracy"] else None})
+            found = dict(fitted.metrics)  # label: label accuracy and share; p_right: price and right shares
+            metrics.update({key: found.pop(key) for key in ("predictor_label_acc_heldout",) if key in found})
+            metrics.update({"predictor_routed_acc_heldout": routed_right, "predictor_macs": p_macs,
+                            "predictor_macs_share": p_macs / min(macs), **found,
+                            "predictor_fit_acc": fitted.history["accuracy"][-1] if fitted.history["accuracy"] else None})
         write_json(tmp / "selection.json", selection)
         write_json(args.metrics, metrics)
         run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
@@ -114,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{metrics['predictor_mean_macs_heldout']:,.0f} MACs does not pay against the static choice "
               f"{metrics['static_acc_heldout']:.4f} at {metrics['static_macs']:,} MACs on held-out route: static serves")
     print(f"select@{name}: mode {selection['mode']}, {len(archs)} candidates, static {selection['static'] or '(fixed)'}"
-          + (f", predictor label acc {metrics['predictor_label_acc_heldout']:.3f} (held-out route), "
+          + (f", {scoring} predictor routes {metrics['predictor_routed_acc_heldout']:.4f} right (held-out route), "
              f"{metrics['predictor_macs']:,} MACs" if selection["predictor"] else ""))
 
 

@@ -261,16 +261,17 @@ def test_schema_enums_match_the_library():
         SAMPLERS,
         SCHEDULES,
         SELECT_MODES,
+        SELECT_SCORINGS,
         UTILITIES,
     )
-    from pipeline.routing import calibration
+    from pipeline.routing import calibration, predictor
     from pipeline.train import config as loop
     from stages import select
 
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS
     assert CONFIDENCES == modules.CONFIDENCE_KINDS and REFERENCES == calibration.REFERENCES
     assert SCHEDULES == loop.SCHEDULES and SAMPLERS == loop.SAMPLERS and SELECT_MODES == select.MODES
-    assert UTILITIES == loop.UTILITIES and PICKS == loop.PICKS
+    assert UTILITIES == loop.UTILITIES and PICKS == loop.PICKS and SELECT_SCORINGS == predictor.SCORINGS
 
 
 def test_schema_keys_match_the_typed_configs():

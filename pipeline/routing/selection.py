@@ -1,0 +1,92 @@
+"""Fitting a supernet module's per-image predictor on the `route` split (claim 7), in one of two ways
+(``select.scoring``), and judging it on the fifth of `route` it never saw:
+
+- ``label``: one label per image, the cheapest candidate whose exit is right (cross-entropy);
+- ``p_right``: each candidate's chance of being right (binary cross-entropy on every candidate),
+  chosen by ``sigmoid + cost price``; the price is the one of ``PRICES`` with the best held-out
+  accuracy at no more held-out MACs than the static choice (``choose_price``).
+
+Either way the result says what routing gives on the held-out images against the static choice;
+``rules.predictor_pays`` decides whether it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pipeline.routing.predictor import Predictor, priced_offsets, train_p_right, train_predictor
+from pipeline.routing.rules import predictor_labels
+
+PRICES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # p_right: candidate cost prices tried on held-out route
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    scoring: str = "label"
+    hidden: int = 16
+    pool: int = 1
+    epochs: int = 30
+    balanced: bool = False
+    seed: int = 0
+
+
+@dataclass
+class FittedPredictor:
+    predictor: Predictor
+    held_choice: torch.Tensor  # (n_held,) long, on the CPU
+    n_fit: int
+    history: dict[str, list[float]]
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def choose_price(correct: torch.Tensor, choices: dict[float, torch.Tensor], macs: Sequence[float],
+                 budget: float) -> tuple[float, float, float]:
+    """(price, accuracy, mean candidate MACs) of the price whose choices (N,) are the most accurate on
+    ``correct`` (N, R) at mean MACs <= ``budget``; ties go to the cheaper, then the higher price. If no
+    price fits the budget, the cheapest choice."""
+    if not choices:
+        raise ValueError("choose_price needs at least one price")
+    table = torch.as_tensor(list(macs), dtype=torch.float64)  # (R,)
+    rows = torch.arange(correct.shape[0])
+    scored = [(price, float(correct[rows, c].double().mean()), float(table[c].mean()))
+              for price, c in sorted(choices.items())]
+    fits = [t for t in scored if t[2] <= budget * (1 + 1e-12)]
+    if not fits:
+        return min(scored, key=lambda t: (t[2], -t[1]))
+    return max(fits, key=lambda t: (t[1], -t[2], t[0]))
+
+
+def fit_predictor(features: torch.Tensor, correct: torch.Tensor, p_true: torch.Tensor, macs: Sequence[int],
+                  static: int, cfg: PredictorConfig) -> FittedPredictor:
+    """Train a predictor on the first 80% of ``features`` (N, C, H, W) (route images, on their device)
+    with each candidate's exit answers ``correct`` / ``p_true`` (N, R); choose for the held-out rest."""
+    r = correct.shape[1]
+    n_fit = int(0.8 * correct.shape[0])  # hold out a fifth of route to report the predictor honestly
+    held = features[n_fit:]
+    predictor = Predictor(features.shape[1], r, hidden=cfg.hidden, pool=cfg.pool, seed=cfg.seed,
+                          scoring=cfg.scoring).to(features.device)  # initialised on the CPU, then moved
+    if cfg.scoring == "label":
+        labels = predictor_labels(correct, p_true, macs)
+        history = train_predictor(predictor, features[:n_fit], labels[:n_fit], epochs=cfg.epochs, lr=0.01,
+                                  batch_size=128, seed=cfg.seed, balanced=cfg.balanced)
+        with torch.inference_mode():
+            choice = predictor.choose(held).cpu()
+        label_acc = float((choice == labels[n_fit:]).float().mean())
+        share = (torch.bincount(labels, minlength=r).double() / len(labels)).numpy()
+        return FittedPredictor(predictor, choice, n_fit, history, {
+            "predictor_label_acc_heldout": label_acc, "label_share": share.round(4).tolist()})
+    history = train_p_right(predictor, features[:n_fit], correct[:n_fit], epochs=cfg.epochs, lr=0.01,
+                            batch_size=128, seed=cfg.seed)
+    choices = {}
+    for price in PRICES:
+        predictor.with_offsets(priced_offsets(price, macs))
+        with torch.inference_mode():
+            choices[price] = predictor.choose(held).cpu()
+    price, _, _ = choose_price(correct[n_fit:], choices, macs, float(macs[static]))
+    predictor.with_offsets(priced_offsets(price, macs))
+    return FittedPredictor(predictor, choices[price], n_fit, history, {
+        "predictor_price": price, "p_right_share": [round(v, 4) for v in history["label_share"]]})
