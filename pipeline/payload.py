@@ -1,7 +1,7 @@
 """Request payloads of the registered cascade: decoding a request DataFrame into model input, the
 pyfunc model's answer, and the helpers clients use to build requests. It imports neither
-:mod:`pipeline.registry` nor :mod:`pipeline.tracking`: both use it (the registry to register the
-model's signature and examples, tracking's pyfunc model class to answer requests).
+:mod:`pipeline.registry` nor :mod:`pipeline.mlflow_models`: both use it (the registry to register the
+model's signature and examples, the pyfunc model class to answer requests).
 
 A request is a DataFrame with one image per row, in one of two documented forms:
 

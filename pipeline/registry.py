@@ -1,9 +1,10 @@
 """The cascade as a registered model: the promotion gate, lineage tags and the register workflow.
-Pure logic lives here; every MLflow call goes through :mod:`pipeline.tracking`, and request payloads
+Pure logic lives here; every MLflow call goes through :mod:`pipeline.mlflow_models` (models, aliases)
+or :mod:`pipeline.tracking` (runs, the store's lock), and request payloads
 (decoding, the pyfunc model's answer) live in :mod:`pipeline.payload`, re-exported here.
 
-The dependencies run one way: ``registry -> tracking -> payload`` (tracking's pyfunc model class
-imports the payload module lazily); neither tracking nor payload imports this module.
+The dependencies run one way: ``registry -> mlflow_models -> tracking`` and ``mlflow_models ->
+payload`` (the pyfunc model class imports the payload module lazily); none of them imports this module.
 
 Serving device: the pyfunc model loads the cascade on the device named by the environment variable
 ``CASCADE_DEVICE`` (``pipeline.tracking.DEVICE_ENV``) of the serving process: ``cpu`` by default,
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipeline import tracking
+from pipeline import mlflow_models, tracking
 from pipeline.config import _check, _get, section
 from pipeline.payload import (  # re-exported: clients and bench import them from here
     INPUT_COLUMNS,
@@ -357,7 +358,7 @@ def download_cascade(uri: str, dst: str | os.PathLike[str] | None = None) -> Pat
     """A registered cascade (``models:/<name>@<alias>`` or ``/<version>``) as a local model directory,
     from the store ``MLFLOW_TRACKING_URI`` names (default: ``mlflow.db`` in the working directory)."""
     parse_model_uri(uri)
-    return cascade_dir(tracking.download_model_artifacts(uri, dst))
+    return cascade_dir(mlflow_models.download_model_artifacts(uri, dst))
 
 
 @dataclass(frozen=True)
@@ -378,7 +379,7 @@ class Decision:
 def log_version(model_dir: str | os.PathLike[str], example: pd.DataFrame) -> str:
     """Log the cascade as a pyfunc model in the active run (the slow part, outside any lock); returns
     its model URI. No version exists yet: :func:`promote` registers it, gated and tagged at once."""
-    return tracking.log_cascade_model(model_dir, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
+    return mlflow_models.log_cascade_model(model_dir, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
 
 
 def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float], tags: Mapping[str, str],
@@ -398,7 +399,7 @@ def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float],
     at any moment leaves either no version or a tagged one (the gate's decision in its tags; a rerun
     registers and gates anew)."""
     with tracking.registry_lock(root):
-        previous = tracking.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
+        previous = mlflow_models.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
         previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
         mismatch = None if previous is None else class_set_mismatch(previous["tags"], classes, previous["version"])
         if mismatch is not None:
@@ -410,11 +411,11 @@ def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float],
             decision_tags[CLASSES_TAG] = json.dumps(list(classes))
         if curve:
             decision_tags[CURVE_TAG] = json.dumps([[m, a] for m, a in curve])
-        version = tracking.register_version(cfg.model_name, model_uri,
+        version = mlflow_models.register_version(cfg.model_name, model_uri,
                                             {**tags, **metric_tags(candidate), **decision_tags})
-        tracking.set_alias(cfg.model_name, CHALLENGER, version, root=root)
+        mlflow_models.set_alias(cfg.model_name, CHALLENGER, version, root=root)
         if passed:
-            tracking.set_alias(cfg.model_name, CHAMPION, version, root=root)
+            mlflow_models.set_alias(cfg.model_name, CHAMPION, version, root=root)
         before = None if previous is None else int(previous["version"])
         decision = Decision(cfg.model_name, int(version), passed, reasons, dict(candidate), before,
                             previous_metrics, int(version) if passed else before)
@@ -436,4 +437,4 @@ def save_cascade_pyfunc(model_dir: str | os.PathLike[str], path: str | os.PathLi
                         example: pd.DataFrame) -> Path:
     """The registered form of a cascade, saved locally (``mlflow models serve -m PATH`` serves it; on a
     GPU with ``CASCADE_DEVICE=cuda`` in the server's environment)."""
-    return tracking.save_cascade_model(model_dir, path, example, INPUT_COLUMNS, OUTPUT_COLUMNS)
+    return mlflow_models.save_cascade_model(model_dir, path, example, INPUT_COLUMNS, OUTPUT_COLUMNS)

@@ -438,10 +438,10 @@ def test_served_model_answers_a_bad_request_with_400(model_dir: Path) -> None:
     """The pyfunc model turns a refused payload into MLflow's INVALID_PARAMETER_VALUE: HTTP 400."""
     from mlflow.exceptions import MlflowException
 
-    from pipeline import tracking
+    from pipeline import mlflow_models
     from pipeline.routing.package import load_cascade
 
-    model = tracking.CascadeModel()
+    model = mlflow_models.CascadeModel()
     model._loaded = load_cascade(model_dir)
     assert len(model.predict(None, frame_of(b64(GOOD_PNG)))) == 1
     huge = frame_of(b64(GOOD_PNG), b64(png_bytes(9000, 9000)))

@@ -150,7 +150,8 @@ def test_recognize_device_flag(tmp_path, monkeypatch: pytest.MonkeyPatch,
 def test_pyfunc_model_device_from_env(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from pipeline.tracking import DEVICE_ENV, CascadeModel
+    from pipeline.mlflow_models import CascadeModel
+    from pipeline.tracking import DEVICE_ENV
     from tests.routing.test_package import save_tiny
 
     context = SimpleNamespace(artifacts={"cascade": str(save_tiny(tmp_path / "model")[1])})

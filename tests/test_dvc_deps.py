@@ -81,7 +81,7 @@ def test_the_two_stale_cases_of_issue_29_rerun() -> None:
 
 
 def test_register_lists_the_package_its_model_carries() -> None:
-    """register copies all of pipeline/ into the registered model (``tracking._pyfunc_kwargs``)."""
+    """register copies all of pipeline/ into the registered model (``mlflow_models._pyfunc_kwargs``)."""
     assert "pipeline" in STAGES["register"][1]
 
 

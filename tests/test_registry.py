@@ -23,7 +23,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline import tracking
+from pipeline import mlflow_models, tracking
 from pipeline.config import ConfigError
 from pipeline.data.sources import decode_image_file
 from pipeline.io import Split, save_split, write_json
@@ -86,13 +86,15 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_no_import_cycle() -> None:
-    """registry -> tracking -> payload, one way only (tracking's pyfunc class answers with payload)."""
+    """registry -> mlflow_models -> tracking, and mlflow_models -> payload, one way only (the pyfunc
+    class answers with payload; tracking imports none of the three)."""
     pkg = Path(__file__).resolve().parents[1] / "pipeline"
-    registry, tracking_, payload = (imported_modules(pkg / f"{name}.py")
-                                    for name in ("registry", "tracking", "payload"))
-    assert "pipeline.tracking" in registry and "pipeline.payload" in registry
-    assert "pipeline.payload" in tracking_ and "pipeline.registry" not in tracking_
-    assert not {"pipeline.registry", "pipeline.tracking"} & payload
+    registry, models_, tracking_, payload = (imported_modules(pkg / f"{name}.py")
+                                             for name in ("registry", "mlflow_models", "tracking", "payload"))
+    assert {"pipeline.tracking", "pipeline.mlflow_models", "pipeline.payload"} <= registry
+    assert "pipeline.payload" in models_ and "pipeline.tracking" in models_ and "pipeline.registry" not in models_
+    assert not {"pipeline.registry", "pipeline.mlflow_models", "pipeline.payload"} & tracking_
+    assert not {"pipeline.registry", "pipeline.tracking", "pipeline.mlflow_models"} & payload
 
 
 # ----------------------------------------------------------------------------------------------- gate
@@ -407,7 +409,7 @@ def test_register_stage_on_the_embedded_store(tmp_path: Path, model_dir: Path,
     first = json.loads((root / "metrics/register.json").read_text())
     assert first["version"] == 1 and first["passed"] and first["champion"] == 1
     assert (root / "mlflow.db").is_file()
-    champion = tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)
+    champion = mlflow_models.get_version_by_alias("stage-cascade", CHAMPION, root=root)
     assert champion is not None and champion["version"] == "1"
     tags = champion["tags"]
     assert tags["dvc.out.data/prepared"] == "aaa.dir" and tags["gate"] == "passed"
@@ -425,10 +427,10 @@ def test_register_stage_on_the_embedded_store(tmp_path: Path, model_dir: Path,
     assert second["version"] == 2 and not second["passed"] and second["champion"] == 1
     assert second["previous_champion_metrics"] == {"accuracy": 0.9, "mean_macs": 1000.0}
     assert failing(second["reasons"]) == ["equal cost"]  # over the MACs cap, no cheaper setting
-    assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
-    assert tracking.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["version"] == "2"
-    assert tracking.get_version_by_alias("stage-cascade", "nope", root=root) is None
-    assert tracking.get_version_by_alias("no-such-model", CHAMPION, root=root) is None
+    assert mlflow_models.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
+    assert mlflow_models.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["version"] == "2"
+    assert mlflow_models.get_version_by_alias("stage-cascade", "nope", root=root) is None
+    assert mlflow_models.get_version_by_alias("no-such-model", CHAMPION, root=root) is None
 
     # the same trade with a cheaper setting in evaluate's metrics: compared at the champion's cost
     write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.95, "mean_macs": 1100.0},
@@ -437,7 +439,7 @@ def test_register_stage_on_the_embedded_store(tmp_path: Path, model_dir: Path,
     third = json.loads((root / "metrics/register.json").read_text())
     assert third["version"] == 3 and third["passed"] and third["champion"] == 3
     assert "equal cost: accuracy 0.9300 at the champion's 1,000 MACs >= 0.8980" in third["reasons"][2]
-    champion = tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)
+    champion = mlflow_models.get_version_by_alias("stage-cascade", CHAMPION, root=root)
     assert champion["version"] == "3"
     assert json.loads(champion["tags"][CURVE_TAG]) == [[800.0, 0.89], [1100.0, 0.95]]
 
@@ -458,12 +460,12 @@ def test_a_register_killed_before_the_gate_leaves_no_version(tmp_path: Path, mod
         mp.setattr(stages.register, "promote", killed)
         with pytest.raises((KeyboardInterrupt, SystemExit)):
             run_stage(root, model_dir)
-    client = tracking._client(root)
+    client = mlflow_models._client(root)
     assert client.search_model_versions("name = 'stage-cascade'") == []
     assert run_stage(root, model_dir) == 0
     versions = client.search_model_versions("name = 'stage-cascade'")
     assert [int(v.version) for v in versions] == [1] and versions[0].tags["gate"] == "passed"
-    assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
+    assert mlflow_models.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
 
 
 def test_a_champion_of_another_class_set_is_never_replaced(tmp_path: Path, model_dir: Path,
@@ -488,8 +490,8 @@ def test_a_champion_of_another_class_set_is_never_replaced(tmp_path: Path, model
                                                     ["w", "x", "y", "z"], 1)]
     assert 'champion v1 was trained on ["ant", "bee", "cat", "dog"], this version on ["w", "x", "y", "z"]' \
         in second["reasons"][0]
-    assert tracking.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
-    assert tracking.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["tags"][CLASSES_TAG] == \
+    assert mlflow_models.get_version_by_alias("stage-cascade", CHAMPION, root=root)["version"] == "1"
+    assert mlflow_models.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["tags"][CLASSES_TAG] == \
         '["w", "x", "y", "z"]'
     assert class_set_mismatch({}, ["a"], 1) is None  # a champion registered before the record: compared
 
@@ -566,8 +568,8 @@ def test_server_registration_and_gate(tracking_server: dict) -> None:
     assert (first.version, first.passed, first.champion) == (1, True, 1)
     assert (second.version, second.passed, second.champion) == (2, False, 1)
     assert any(r.startswith("accuracy 0.8500 < 0.8980") for r in second.reasons)
-    assert tracking.get_version_by_alias(CFG.model_name, CHAMPION)["version"] == "1"
-    challenger = tracking.get_version_by_alias(CFG.model_name, CHALLENGER)
+    assert mlflow_models.get_version_by_alias(CFG.model_name, CHAMPION)["version"] == "1"
+    challenger = mlflow_models.get_version_by_alias(CFG.model_name, CHALLENGER)
     assert challenger["version"] == "2" and challenger["tags"]["gate"] == "failed"
     assert list((tracking_server["tmp"] / "artifacts").iterdir())  # artifacts went through the server
 

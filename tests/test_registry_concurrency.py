@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from pipeline import tracking
+from pipeline import mlflow_models, tracking
 from pipeline.registry import CHAMPION, RegisterConfig, promote
 
 ROUNDS = 10
@@ -51,7 +51,7 @@ def _worker(role: str, roots: list[str], out: str, barrier: Any) -> None:
                 barrier.wait(timeout=120)  # both read the champion at once
 
                 def record(decision: Any, root: str = root, path: Path = path) -> None:
-                    now = tracking.get_version_by_alias(CFG.model_name, CHAMPION, root=root)
+                    now = mlflow_models.get_version_by_alias(CFG.model_name, CHAMPION, root=root)
                     now = None if now is None else int(now["version"])
                     path.write_text(json.dumps({**decision.to_dict(), "role": role,
                                                 "registry_champion": now}))
@@ -109,7 +109,7 @@ def check_round(round_: int, decisions: dict[str, dict], before: int | None, cha
 
 
 def champion_of(root: Path) -> int:
-    found = tracking.get_version_by_alias(CFG.model_name, CHAMPION, root=root)
+    found = mlflow_models.get_version_by_alias(CFG.model_name, CHAMPION, root=root)
     assert found is not None
     return int(found["version"])
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import tracking
+from pipeline import mlflow_models
 from pipeline.io import write_json
 from pipeline.registry import CHALLENGER, CHAMPION, download_cascade, metrics_from_tags
 from tests.routing.test_package import save_tiny
@@ -60,7 +60,7 @@ def test_register_stage_gate_on_postgres(team_server: TeamServer, model_dir: Pat
     assert run_stage(root, model_dir) == 0
     first = json.loads((root / "metrics/register.json").read_text())
     assert first["version"] == 1 and first["passed"] and first["champion"] == 1
-    champion = tracking.get_version_by_alias(MODEL, CHAMPION, root=root)
+    champion = mlflow_models.get_version_by_alias(MODEL, CHAMPION, root=root)
     assert champion is not None and champion["version"] == "1"
     assert champion["tags"]["gate"] == "passed" and champion["tags"]["dvc.out.data/prepared"] == "aaa.dir"
     assert metrics_from_tags(champion["tags"]) == {"accuracy": 0.9, "mean_macs": 1000.0}
@@ -71,8 +71,8 @@ def test_register_stage_gate_on_postgres(team_server: TeamServer, model_dir: Pat
     second = json.loads((root / "metrics/register.json").read_text())
     assert second["version"] == 2 and not second["passed"] and second["champion"] == 1
     assert failing(second["reasons"]) == ["equal cost"]
-    assert tracking.get_version_by_alias(MODEL, CHAMPION, root=root)["version"] == "1"
-    challenger = tracking.get_version_by_alias(MODEL, CHALLENGER, root=root)
+    assert mlflow_models.get_version_by_alias(MODEL, CHAMPION, root=root)["version"] == "1"
+    challenger = mlflow_models.get_version_by_alias(MODEL, CHALLENGER, root=root)
     assert challenger["version"] == "2" and challenger["tags"]["gate"] == "failed"
 
     # the registry lives in PostgreSQL and the artifacts in the server's folder, nothing in the root
@@ -91,6 +91,6 @@ def test_restart_keeps_the_registry(team_server: TeamServer, model_dir: Path, tm
     restarted = script("start", *args, env=env)
     assert restarted.returncode == 0, restarted.stderr
     monkeypatch.setenv("MLFLOW_TRACKING_URI", str(team_server.uri))
-    assert tracking.get_version_by_alias(MODEL, CHAMPION, root=tmp_path)["version"] == "1"
+    assert mlflow_models.get_version_by_alias(MODEL, CHAMPION, root=tmp_path)["version"] == "1"
     downloaded = download_cascade(f"models:/{MODEL}@{CHAMPION}", tmp_path / "champion")
     assert (downloaded / "cascade.json").read_bytes() == (model_dir / "cascade.json").read_bytes()

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from pipeline import tracking
+from pipeline import mlflow_models
 from pipeline.registry import CHALLENGER, CHAMPION
 from tests.e2e.conftest import repo_env, run
 from tests.team import ABSENT, postgres_registry
@@ -45,7 +45,7 @@ def test_tiny_pipeline_registers_and_gates_on_the_team_server(tiny_repo, trackin
     assert third["version"] == 3 and not third["passed"] and third["champion"] == 2
     assert postgres_registry(tracking_server.dir, model) == ({CHAMPION: 2, CHALLENGER: 3}, [1, 2, 3])
     monkeypatch.setenv("MLFLOW_TRACKING_URI", repo_env(tiny_repo)["MLFLOW_TRACKING_URI"])
-    champion = tracking.get_version_by_alias(model, CHAMPION, root=tiny_repo)
+    champion = mlflow_models.get_version_by_alias(model, CHAMPION, root=tiny_repo)
     assert champion["version"] == "2" and champion["tags"]["gate"] == "passed"
-    assert tracking.get_version_by_alias(model, CHALLENGER, root=tiny_repo)["tags"]["gate"] == "failed"
+    assert mlflow_models.get_version_by_alias(model, CHALLENGER, root=tiny_repo)["tags"]["gate"] == "failed"
     assert not (tiny_repo / "mlflow.db").exists()
