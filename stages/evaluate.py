@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.baselines import baseline_arrays, evaluate_baselines, load_baselines
+from pipeline.baselines import BaselineConfig, baseline_arrays, evaluate_baselines, load_baselines
 from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.data.grader_store import GRADER_FILE, levels_of, load_grader
 from pipeline.device import autocast, to_device
@@ -41,6 +41,7 @@ from pipeline.plots import anytime_plot, budget_plot, confusion_plot
 from pipeline.routing.engine import Stage, run_cascade
 from pipeline.routing.package import load_cascade, preprocess
 from pipeline.tracking import stage_run
+from pipeline.train.config import module_train_config
 from stages.common import cli, params_of, parser
 
 
@@ -194,6 +195,8 @@ def main(argv: list[str] | None = None) -> None:
             / timing["cascade"]["latency_ms_b1_median"]}
         results["budget_curves"] = {"cascade": curve, "static_selection": curve_static, "fixed_cascade": curve_fixed,
                                     "two_cnn_cascade": curve_two_cnn}
+        results["epoch_budget"] = {"baselines": BaselineConfig.from_dict(params.get("baselines")).epochs,
+                                   "modules": [module_train_config(params, key, 0).epochs for key in params["modules"]]}
         results["targets"] = target_checks(results)
         write_json(args.metrics, results)
         if args.headline is not None:

@@ -84,6 +84,15 @@ def test_target_checks_read_each_target_off_the_results():
     assert not worse["vs_two_cnn_cascade_le_0.5x_macs_at_ge_accuracy"]["met"]
 
 
+def test_the_two_cnn_comparison_is_not_comparable_when_the_baselines_trained_less():
+    results = _results(0.931, 3.5e6, 0.927, 3.6e6)
+    results["epoch_budget"] = {"baselines": 2, "modules": [8, 8, 6]}  # the tiny profile's budgets
+    check = target_checks(results)["vs_two_cnn_cascade_le_0.5x_macs_at_ge_accuracy"]
+    assert check["met"] is None and "trained 2 epochs, the modules up to 8" in check["not_comparable"]
+    results["epoch_budget"] = {"baselines": 12, "modules": [12, 12, 12]}
+    assert target_checks(results)["vs_two_cnn_cascade_le_0.5x_macs_at_ge_accuracy"]["met"] is True
+
+
 def test_vs_fixed_cascade_reads_the_fixed_cascade_held_to_the_cascades_macs():
     point = lambda a, m: {"accuracy": a, "mean_macs": m}  # noqa: E731
     cascade, own = point(0.9264, 2.52e6), point(0.9227, 2.46e6)  # +0.37 pt, but at 1.02x the fixed MACs
