@@ -91,13 +91,26 @@ def time_cascade(stages: Sequence[Stage], x: torch.Tensor, kind: str, *, batch1_
         singles.append((time.perf_counter() - start) * 1e3)
     run_cascade(stages, x[:big_batch], confidence_kind=kind, ensemble_decay=decay)  # warm-up
     _sync(x.device)
-    best = float("inf")
+    runs = []
     for _ in range(repeats):
         start = time.perf_counter()
         run_cascade(stages, x, confidence_kind=kind, batch_size=big_batch, ensemble_decay=decay)
         _sync(x.device)
-        best = min(best, time.perf_counter() - start)
-    return {"latency_ms_b1_median": statistics.median(singles), "throughput_b%d" % big_batch: len(x) / best}
+        runs.append(time.perf_counter() - start)
+    q1, _, q3 = statistics.quantiles(singles, n=4) if len(singles) > 1 else (singles[0],) * 3
+    return {"latency_ms_b1_median": statistics.median(singles), "throughput_b%d" % big_batch: len(x) / min(runs),
+            "latency_b1_iqr_share": (q3 - q1) / statistics.median(singles),
+            "throughput_spread": max(runs) / min(runs) - 1.0}
+
+
+NOISY = 0.25  # a timing whose repeats spread more than this (relative) is too noisy to call a speed-up
+
+
+def timing_noisy(*timings: dict[str, float]) -> bool:
+    """Whether any of these ``time_cascade`` results spread too much to be read as a speed-up (a busy
+    machine: the throughput runs differ by more than ``NOISY``, or the batch-1 IQR exceeds it)."""
+    return any(t.get("throughput_spread", 0.0) > NOISY or t.get("latency_b1_iqr_share", 0.0) > NOISY
+               for t in timings)
 
 
 def candidate_correct(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,

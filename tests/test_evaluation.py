@@ -121,3 +121,12 @@ def test_routing_table_counts_what_the_cascade_ran():
         ("cheap", 1 / 3, 0.9), ("big", 2 / 3, 0.95)]
     assert not three["predictor_used"] and three["images_reaching"] == 2
     assert [(c["path"], c["routed_share"]) for c in three["candidates"]] == [("cheap", 0), ("big", 0), ("mid", 1.0)]
+
+
+def test_a_noisy_timing_is_flagged():
+    from pipeline.evaluation import timing_noisy
+
+    steady = {"throughput_spread": 0.05, "latency_b1_iqr_share": 0.1}
+    assert not timing_noisy(steady, steady)
+    assert timing_noisy(steady, {"throughput_spread": 0.6, "latency_b1_iqr_share": 0.1})
+    assert timing_noisy({"throughput_spread": 0.0, "latency_b1_iqr_share": 2.0})
