@@ -24,10 +24,11 @@ entry in ``SCHEMA``. Enumerations that the library also defines are tested equal
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Any
 
 from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, ConfigError
@@ -325,6 +326,11 @@ CALIBRATE = {
 }
 
 
+def _search_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    if v.get("spread") == 1:
+        yield "spread", "must be 0 or at least 2 (the cheapest and the largest path)"
+
+
 def _calibrate_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
     if v.get("mode") == "budget" and v.get("budget_macs") is None:
         yield "budget_macs", "is required (a number > 0) when calibrate.mode is budget"
@@ -486,7 +492,7 @@ SCHEMA: dict[str, Key | Section | Custom] = {
     "profile": Section(PROFILE, required=False, rules=(_profile_rules,)),
     "compute": Section(COMPUTE, required=False, rules=(_compute_rules,)),
     "train": Section(TRAIN),  # its cross-key rules run per module on the merged config (_check_modules)
-    "search": Section(SEARCH),
+    "search": Section(SEARCH, rules=(_search_rules,)),
     "select": Section(SELECT),
     "calibrate": Section(CALIBRATE, rules=(_calibrate_rules,)),
     "register": Section(REGISTER),
@@ -632,3 +638,33 @@ def check_params(params: Any, *, partial: bool = False, source: str = "params") 
     problems = params_problems(params, partial=partial)
     if problems:
         raise ParamsError(problems, source)
+
+
+# ------------------------------------------------------------------------------------ typed settings
+
+
+@functools.cache
+def _settings_type(name: str) -> type:
+    """A frozen dataclass with one field per key of section ``name``, in schema order."""
+    spec = SCHEMA[name]
+    if not isinstance(spec, Section):
+        raise ValueError(f"settings: params {name!r} is not a plain section")
+    fields = [(key, Any) for key in spec.keys]
+    return make_dataclass(f"{name.title()}Settings", fields, frozen=True)
+
+
+def settings(params: Mapping[str, Any], name: str) -> Any:
+    """Section ``name`` of checked params as a frozen object, every key present (absent keys take the
+    schema's defaults): what a stage reads instead of checking values a second time. A required key
+    without a value raises ParamsError naming it (a stage run on a partial params file)."""
+    spec = SCHEMA[name]
+    given = params.get(name) or {}
+    values = {}
+    for key, k in spec.keys.items():  # type: ignore[union-attr]
+        if key in given:
+            values[key] = given[key]
+        elif k.default is not NO_DEFAULT:
+            values[key] = list(k.default) if isinstance(k.default, list) else k.default
+        else:
+            raise ParamsError([f"{name}.{key} is missing ({k.wanted()})"])
+    return _settings_type(name)(**values)

@@ -28,9 +28,9 @@ from pipeline.baselines import (
     two_cnn_result,
     two_cnn_threshold,
 )
-from pipeline.config import ComputeConfig, ConfigError, TrackingConfig
+from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.io import atomic_path, load_split, read_json, write_json
-from pipeline.models.modules import CONFIDENCE_KINDS
+from pipeline.params_schema import settings
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 
@@ -39,16 +39,8 @@ SEED_OFFSETS = {SMALL: 101, LARGE: 102}
 
 def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str]:
     """(delta, grid, confidence kind) from `calibrate` and `model.confidence`, with calibrate's defaults."""
-    cfg = {"delta": 0.003, "grid": 50, **(params.get("calibrate") or {})}
-    delta, grid = cfg["delta"], cfg["grid"]
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta <= 1:
-        raise ConfigError(f"params: calibrate.delta must be a fraction in [0, 1], got {delta!r}")
-    if isinstance(grid, bool) or not isinstance(grid, int) or grid < 1:
-        raise ConfigError(f"params: calibrate.grid must be an int >= 1, got {grid!r}")
-    kind = (params.get("model") or {}).get("confidence", "maxprob")
-    if kind not in CONFIDENCE_KINDS:
-        raise ConfigError(f"params: model.confidence must be one of {list(CONFIDENCE_KINDS)}, got {kind!r}")
-    return float(delta), grid, kind
+    cal = settings(params, "calibrate")  # checked with the params file
+    return float(cal.delta), cal.grid, settings(params, "model").confidence
 
 
 @cli
@@ -64,9 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     delta, grid, kind = calibration_settings(params)
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()  # training runs there; the nets come back (and are saved) on the CPU
-    seed = params.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"params: seed must be an int >= 0, got {seed!r}")
+    seed = params.get("seed", 0)  # checked with the params file: an int >= 0
     meta = read_json(args.data / "meta.json")
     num_classes = len(meta["classes"])
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")

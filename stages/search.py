@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from pipeline.config import ComputeConfig, ConfigError, TrackingConfig, section
+from pipeline.config import ComputeConfig, TrackingConfig, section
+from pipeline.params_schema import settings
 from pipeline.device import autocast, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
@@ -60,12 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
-    s = section(params, "search")
-    samples, max_pareto, spread = int(s.get("samples", 16)), int(s.get("pareto_max", 3)), int(s.get("spread", 0))
-    if samples < 1 or max_pareto < 1:
-        raise ConfigError("params: search.samples and search.pareto_max must be at least 1")
-    if spread == 1:
-        raise ConfigError("params: search.spread must be 0 or at least 2 (the cheapest and the largest path)")
+    s = settings(params, "search")  # checked with the params file (spread 0 or >= 2 included)
+    samples, max_pareto, spread = s.samples, s.pareto_max, s.spread
     seed = int(params.get("seed", 0))
     cfg = module_train_config(params, name, seed)
     compute = ComputeConfig.from_params(params)
@@ -93,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         feats, ys = zip(*((prefix(x), y) for x, y in batches), strict=True)
     features, labels = torch.cat(feats), torch.cat(ys)  # (N, C_k, H_k, W_k), (N,)
     with stage_run(f"search@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"search": dict(s), "module": k, "sampler": cfg.sampler}) as run:
+                   params={"search": dict(section(params, "search")), "module": k, "sampler": cfg.sampler}) as run:
         with autocast(device, compute.precision):
             rows, spread_rows = (evaluate_candidates(module, features, labels, group, macs_of=lambda a: costs.macs(k, a),
                                                      latency_of=lambda a, b: costs.latency_ms(k, a, b),

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import ComputeConfig, ConfigError, TrackingConfig, section
+from pipeline.config import ComputeConfig, TrackingConfig, section
+from pipeline.params_schema import settings
 from pipeline.device import autocast, cpu_state_dict, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
@@ -39,13 +40,9 @@ def main(argv: list[str] | None = None) -> None:
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
     s = section(params, "select")
-    mode = s.get("mode", "predictor")
-    if mode not in MODES:
-        raise ConfigError(f"params: select.mode must be one of {MODES}, got {mode!r}")
-    hidden, epochs, max_share = int(s.get("hidden", 16)), int(s.get("epochs", 30)), float(s.get("max_macs_share", 0.05))
-    fallback_tolerance = float(s.get("fallback_tolerance", 0.0))
-    scoring, pool = str(s.get("scoring", "label")), int(s.get("pool", 1))
-    delta = float(s.get("delta", 0.003))
+    cfg = settings(params, "select")  # checked with the params file: every key present, in range
+    mode, hidden, epochs, max_share = cfg.mode, cfg.hidden, cfg.epochs, float(cfg.max_macs_share)
+    fallback_tolerance, scoring, pool, delta = float(cfg.fallback_tolerance), cfg.scoring, cfg.pool, float(cfg.delta)
     seed = int(params.get("seed", 0))
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()
@@ -77,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             with autocast(device, compute.precision):
                 r_correct, r_p_true, _ = candidate_outputs(module, route_h, route_y, archs)
             fitted = fit_predictor(route_h, r_correct, r_p_true, macs, static, PredictorConfig(
-                scoring=scoring, hidden=hidden, pool=pool, epochs=epochs, balanced=bool(s.get("balanced", False)),
+                scoring=scoring, hidden=hidden, pool=pool, epochs=epochs, balanced=cfg.balanced,
                 seed=seed + k))
             predictor, held_choice, n_fit = fitted.predictor, fitted.held_choice, fitted.n_fit
             rows = torch.arange(len(held_choice))

@@ -344,3 +344,20 @@ def test_check_params_cli(tmp_path, capsys):
     params["data"]["source"] = f"imagefolder:{tmp_path / 'no-such-folder'}"
     assert main(["--params", str(write(tmp_path, params))]) == 1  # a folder that is not there: said before a run
     assert "no-such-folder does not exist" in capsys.readouterr().err
+
+
+def test_settings_give_every_key_of_a_section_with_the_schema_defaults() -> None:
+    from pipeline.params_schema import settings
+
+    s = settings({"select": {"mode": "testset", "pool": 2}}, "select")
+    assert (s.mode, s.pool, s.hidden, s.scoring, s.delta) == ("testset", 2, 16, "label", 0.003)
+    with pytest.raises(AttributeError):
+        s.mode = "predictor"  # frozen: read, never changed
+    assert settings({}, "calibrate").ensemble_decays == [0.0]
+    with pytest.raises(ParamsError, match="register.model_name is missing"):
+        settings({"register": {}}, "register")
+
+
+def test_search_spread_of_one_is_refused_up_front() -> None:
+    problems = params_problems({"search": {"spread": 1}}, partial=True)
+    assert problems == ["search.spread must be 0 or at least 2 (the cheapest and the largest path)"]
