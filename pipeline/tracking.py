@@ -227,6 +227,29 @@ def _sigterm_raises() -> Iterator[None]:
 HOST_TAG, PID_TAG = "host", "pid"  # where a stage run's process lives, so a later run can tell it is gone
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment of an embedded SQLite store keeps its artifacts: ``mlruns/`` beside the
+    database, not MLflow's default ``./mlruns`` of whatever directory the process runs in (a test
+    running stages on a temporary store left one in the repository). None for a server: its own."""
+    db = sqlite_path(uri)
+    return None if db is None else (db.parent / "mlruns").as_uri()
+
+
+def ensure_experiment(mlflow: Any, uri: str, name: str) -> None:
+    """Create experiment ``name`` with :func:`artifact_root` if it does not exist yet (an existing one
+    keeps its artifact location)."""
+    location = artifact_root(uri)
+    if location is None or mlflow.get_experiment_by_name(name) is not None:
+        return
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow.create_experiment(name, artifact_location=location)
+    except MlflowException as exc:  # another process created it first
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+
+
 def end_orphaned_runs(client: Any, experiment_id: str) -> list[str]:
     """Mark KILLED the RUNNING runs of this experiment whose process, on this host, is gone (a SIGKILL
     skips every ``finally``, so such a run would stay RUNNING forever); returns their ids. Runs of
@@ -264,6 +287,7 @@ def stage_run(stage: str, *, experiment: str, root: str | os.PathLike[str] = "."
     try:
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)  # the registry follows, whatever store this process used before
+        ensure_experiment(mlflow, uri, experiment)
         exp = mlflow.set_experiment(experiment)
         end_orphaned_runs(mlflow.MlflowClient(tracking_uri=uri), exp.experiment_id)
         tags = {"stage": stage, "git_commit": git_commit(root), "pipeline_execution": execution_id(),
