@@ -24,3 +24,12 @@ def test_readme_names_only_files_in_the_repository() -> None:
     for name in re.findall(r"`(docs/[\w./-]+\.md)`", text):
         assert (ROOT / name).is_file(), name
     assert len(text.splitlines()) <= 300
+
+
+def test_every_saved_result_is_cited_by_a_document() -> None:
+    """docs/results/ holds the raw outputs behind docs/RESULTS.md's figures: each entry is named by some
+    document or benchmark, so nothing there is an orphan nobody can place."""
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").glob("*.py"))]
+    text = "\n".join(p.read_text() for p in sources)
+    orphans = [p.name for p in sorted((ROOT / "docs" / "results").iterdir()) if p.name not in text]
+    assert not orphans, f"docs/results entries no document cites: {orphans}"
