@@ -18,20 +18,38 @@ To add a key, add one line to its section's dict below (``DATA``, ``TRAIN``, ``S
 in ``modules.mK.train`` too (every key optional there). A rule across keys goes into the section's
 ``rules`` (a function of the section's valid values yielding ``(key, message)``); a new section is a new
 entry in ``SCHEMA``. Enumerations that the library also defines are tested equal to it
-(tests/test_params_schema.py), so the two cannot drift apart silently.
+(tests/test_params_schema.py), so the two cannot drift apart silently. The key and section types and
+the per-value checks are :mod:`pipeline.schema_keys`; :func:`settings` gives a checked section as a
+frozen object, so stages read values without checking them again.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
-import math
 import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, make_dataclass, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import make_dataclass, replace
 from typing import Any
 
-from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, ConfigError
+from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS
+from pipeline.schema_keys import (
+    NO_DEFAULT,
+    Bool,
+    Custom,
+    Fraction,
+    Int,
+    Key,
+    List,
+    Number,
+    ParamsError,
+    Section,
+    Str,
+    check_section,
+    defaults_of,
+    unknown_keys,
+    valid_values,
+    value_problem,
+)
 
 # Mirrors of library enumerations (importing them would import torch); tests keep them equal.
 KINDS = ("fixed", "supernet")  # pipeline.models.modules.KINDS
@@ -48,138 +66,6 @@ SELECT_MODES = ("predictor", "testset")  # stages.select.MODES
 SELECT_SCORINGS = ("label", "p_right")  # pipeline.routing.predictor.SCORINGS
 CALIBRATE_MODES = ("delta", "budget")
 SOURCE_PATTERN = r"fashion-mnist(:.+)?|idx:.+|imagefolder:.+|digits"  # pipeline.data.sources.load_source
-
-NO_DEFAULT = object()
-
-
-class ParamsError(ConfigError):
-    """Every problem found in a params file; ``problems`` holds one message per problem."""
-
-    def __init__(self, problems: list[str], source: str = "params") -> None:
-        self.problems = tuple(problems)
-        if len(problems) == 1:
-            message = f"{source}: {problems[0]}"
-        else:
-            message = f"{source}: {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems)
-        super().__init__(message)
-
-
-# ------------------------------------------------------------------------------------------ key specs
-
-
-@dataclass(frozen=True)
-class Key:
-    """One scalar or list key. ``type``: int | number | bool | str | list."""
-
-    type: str
-    required: bool = False
-    default: Any = NO_DEFAULT
-    nullable: bool = False
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    choices: tuple[Any, ...] | None = None
-    pattern: str | None = None
-    pattern_doc: str = ""
-    items: Key | None = None
-    unique: bool = False
-    min_items: int = 0
-    doc: str = ""
-
-    def wanted(self, typed: bool = True) -> str:
-        """What a valid value is, in words: ``an int >= 1``, ``a number strictly between 0 and 1``
-        (``typed=False``, for a value of the right type: ``strictly between 0 and 1``)."""
-        if self.type == "list":
-            items = self.items
-            what = ("a list of values from " + ", ".join(repr(c) for c in items.choices)
-                    if items is not None and items.choices is not None
-                    else "a list of ints" + _range_words(items) if items is not None and items.type == "int"
-                    else f"a list of {items.wanted() if items else 'values'}")
-            if self.unique:
-                what += ", without repeats"
-            if self.min_items:
-                what += f", at least {self.min_items}"
-        elif self.choices is not None:
-            what = "one of " + ", ".join(repr(c) for c in self.choices)
-        elif self.pattern is not None:
-            what = self.pattern_doc or f"a string matching {self.pattern!r}"
-        else:
-            words = _range_words(self)
-            if self.type == "number" and words and not typed:  # "must be strictly between 0 and 1"
-                what = words.strip()
-            else:
-                what = {"int": "an int", "number": "a number", "bool": "true or false",
-                        "str": "a non-empty string"}[self.type] + words
-        return f"null or {what}" if self.nullable else what
-
-
-def _fmt(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else str(x)
-
-
-def _range_words(k: Key) -> str:
-    if k.gt is not None and k.lt is not None:
-        return f" strictly between {_fmt(k.gt)} and {_fmt(k.lt)}"
-    if k.ge is not None and k.le is not None:
-        return f" in {_fmt(k.ge)}..{_fmt(k.le)}" if k.type == "int" else f" in [{_fmt(k.ge)}, {_fmt(k.le)}]"
-    if k.ge is not None and k.lt is not None:
-        return f" in [{_fmt(k.ge)}, {_fmt(k.lt)})"
-    if k.gt is not None and k.le is not None:
-        return f" in ({_fmt(k.gt)}, {_fmt(k.le)}]"
-    words = []
-    for op, bound in ((">=", k.ge), (">", k.gt), ("<=", k.le), ("<", k.lt)):
-        if bound is not None:
-            words.append(f"{op} {_fmt(bound)}")
-    return (" " + " and ".join(words)) if words else ""
-
-
-def Int(**kw: Any) -> Key:  # noqa: N802 - reads as a type in the schema tables
-    return Key("int", **kw)
-
-
-def Number(**kw: Any) -> Key:  # noqa: N802
-    return Key("number", **kw)
-
-
-def Bool(**kw: Any) -> Key:  # noqa: N802
-    return Key("bool", **kw)
-
-
-def Str(**kw: Any) -> Key:  # noqa: N802
-    return Key("str", **kw)
-
-
-def List(items: Key, **kw: Any) -> Key:  # noqa: N802
-    return Key("list", items=items, **kw)
-
-
-def Fraction(**kw: Any) -> Key:  # noqa: N802
-    """A number strictly between 0 and 1."""
-    return Key("number", gt=0, lt=1, **kw)
-
-
-Rule = Callable[[Mapping[str, Any]], Iterator[tuple[str, str]]]
-
-
-@dataclass(frozen=True)
-class Section:
-    """A mapping of known keys; ``rules`` check across keys and see only keys that passed (plus defaults)."""
-
-    keys: Mapping[str, Key]
-    required: bool = True
-    rules: tuple[Rule, ...] = ()
-    doc: str = ""
-
-
-@dataclass(frozen=True)
-class Custom:
-    """A section checked by a function ``(value, key, params) -> problems`` (the ``modules`` section)."""
-
-    check: Callable[..., list[str]]  # (value, key, params, partial=...) -> problems
-    required: bool = True
-    doc: str = field(default="")
-
 
 # ------------------------------------------------------------------------------------------ the schema
 
@@ -430,14 +316,14 @@ def _check_modules(value: Any, key: str, params: Mapping[str, Any], partial: boo
     if names != expected:
         problems.append(f"{key} must be named m1..mK in order, got {names}")
     train = params.get("train") if isinstance(params.get("train"), Mapping) else {}
-    train_valid = _valid_values(train, TRAIN) if train else {}
-    base_rules = set(_train_rules({**_defaults(TRAIN), **train_valid}))
+    train_valid = valid_values(train, TRAIN) if train else {}
+    base_rules = set(_train_rules({**defaults_of(TRAIN), **train_valid}))
     for name, mod in value.items():
         mkey = f"{key}.{name}"
         if not isinstance(mod, Mapping):
             problems.append(f"{mkey} must be a mapping with 'spec' (and optionally 'train'), got {mod!r}")
             continue
-        problems += _unknown(mod, MODULE_KEYS, mkey)
+        problems += unknown_keys(mod, MODULE_KEYS, mkey)
         after = _after_problem(str(name), mod.get("after"), names, mkey)
         if after and not (partial and "after" not in mod):  # a stage run by hand does not read it
             problems.append(after)
@@ -451,21 +337,21 @@ def _check_modules(value: Any, key: str, params: Mapping[str, Any], partial: boo
                                     f"got {spec[name_]!r}")
             rest = {k: v for k, v in spec.items() if k not in SUPERNET_ONLY}
             fixed = {k: v for k, v in MODULE_SPEC.items() if k not in SUPERNET_ONLY}
-            problems += _check_section(rest, Section(fixed, rules=(_spec_rules,)), f"{mkey}.spec")
+            problems += check_section(rest, Section(fixed, rules=(_spec_rules,)), f"{mkey}.spec")
         else:
             if isinstance(spec, Mapping) and spec.get("kind") == "supernet":
                 problems += [f"{mkey}.spec.{name_} is missing (required for a supernet module)"
                              for name_ in SUPERNET_ONLY if name_ not in spec]
-            problems += _check_section(spec, Section(MODULE_SPEC, rules=(_spec_rules,)), f"{mkey}.spec")
+            problems += check_section(spec, Section(MODULE_SPEC, rules=(_spec_rules,)), f"{mkey}.spec")
         override = mod.get("train")
         if override is None:
             override = {}
         if not isinstance(override, Mapping):
             problems.append(f"{mkey}.train must be a mapping of train overrides, got {override!r}")
             continue
-        problems += _check_section(override, Section(MODULE_TRAIN), f"{mkey}.train")
+        problems += check_section(override, Section(MODULE_TRAIN), f"{mkey}.train")
         # The rules across train keys hold for what module mK trains with: train overlaid by its override.
-        merged = {**_defaults(TRAIN), **train_valid, **_valid_values(override, MODULE_TRAIN)}
+        merged = {**defaults_of(TRAIN), **train_valid, **valid_values(override, MODULE_TRAIN)}
         for k, message in _train_rules(merged):
             if k in override:
                 problems.append(f"{mkey}.train.{k} {message}")
@@ -473,7 +359,7 @@ def _check_modules(value: Any, key: str, params: Mapping[str, Any], partial: boo
                 problems.append(f"train.{k} {message}")  # the same for every module: reported once
             else:
                 problems.append(f"train.{k} {message} (for module {name}, with its {mkey}.train overrides)")
-    levels = _valid_values(params.get("grade") or {}, GRADE).get("levels") if isinstance(
+    levels = valid_values(params.get("grade") or {}, GRADE).get("levels") if isinstance(
         params.get("grade"), Mapping) else None
     if levels is not None and levels < len(value):
         problems.append(f"grade.levels must be >= the number of modules ({len(value)}): module k trains "
@@ -499,113 +385,6 @@ SCHEMA: dict[str, Key | Section | Custom] = {
     "baselines": Section(BASELINES, required=False, rules=(_baselines_rules,)),
 }
 
-# ------------------------------------------------------------------------------------------- checking
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _type_ok(spec: Key, value: Any) -> bool:
-    checks = {"int": _is_int, "number": _is_number, "bool": lambda v: isinstance(v, bool),
-              "str": lambda v: isinstance(v, str) and v != "", "list": lambda v: isinstance(v, list)}
-    return checks[spec.type](value)
-
-
-def _value_problem(spec: Key, value: Any) -> str | None:
-    """Why ``value`` does not fit ``spec`` (``must be ..., got ...``), or None."""
-    got = "null" if value is None else repr(value)
-    if value is None:
-        return None if spec.nullable else f"must be {spec.wanted()}, got null"
-    if not _type_ok(spec, value):
-        bad = f"must be {spec.wanted()}, got {got}"
-        if isinstance(value, str) and spec.type in ("int", "number") and _looks_numeric(value):
-            return bad + " (a string: write the number without quotes)"
-        if isinstance(value, bool):
-            return bad + " (a bool)"
-        if isinstance(value, str) and spec.type in ("int", "number", "bool"):
-            return bad + " (a string)"
-        return bad
-    bad = f"must be {spec.wanted(typed=False)}, got {got}"
-    if spec.type == "list":
-        if spec.items is not None:
-            for i, item in enumerate(value):
-                if _value_problem(spec.items, item) is not None:
-                    return f"{bad} (item {i}: {item!r})"
-        if spec.unique and len({repr(v) for v in value}) != len(value):
-            return bad + " (repeated items)"
-        if len(value) < spec.min_items:
-            return bad
-        return None
-    if spec.choices is not None:
-        return None if value in spec.choices and type(value) is type(spec.choices[0]) else bad
-    if spec.pattern is not None and not re.fullmatch(spec.pattern, value):
-        return bad
-    for ok in (spec.ge is None or value >= spec.ge, spec.gt is None or value > spec.gt,
-               spec.le is None or value <= spec.le, spec.lt is None or value < spec.lt):
-        if not ok:
-            return bad
-    return None
-
-
-def _suggest(name: str, known: Any) -> str:
-    close = difflib.get_close_matches(name, [str(k) for k in known], n=1, cutoff=0.6)
-    return close[0] if close else ""
-
-
-def _unknown(sec: Mapping[Any, Any], known: Any, prefix: str) -> list[str]:
-    problems = []
-    for name in sec:
-        if name not in known:
-            full = f"{prefix}.{name}" if prefix else str(name)
-            match = _suggest(str(name), known)
-            hint = (f"did you mean {prefix + '.' if prefix else ''}{match}?" if match
-                    else f"known: {', '.join(str(k) for k in known)}")
-            what = "key" if prefix else "section"
-            problems.append(f"{full} is not a known {what} ({hint})")
-    return problems
-
-
-def _defaults(keys: Mapping[str, Key]) -> dict[str, Any]:
-    return {name: spec.default for name, spec in keys.items() if spec.default is not NO_DEFAULT}
-
-
-def _valid_values(sec: Mapping[str, Any], keys: Mapping[str, Key]) -> dict[str, Any]:
-    """The section's keys that pass their own check."""
-    return {name: value for name, value in sec.items()
-            if name in keys and _value_problem(keys[name], value) is None}
-
-
-def _check_section(sec: Any, schema: Section, key: str) -> list[str]:
-    if not isinstance(sec, Mapping):
-        return [f"{key} must be a mapping, got {sec!r}"]
-    problems = _unknown(sec, schema.keys, key)
-    for name, spec in schema.keys.items():
-        if name not in sec:
-            if spec.required:
-                problems.append(f"{key}.{name} is missing ({spec.wanted()})")
-            continue
-        problem = _value_problem(spec, sec[name])
-        if problem:
-            problems.append(f"{key}.{name} {problem}")
-    values = {**_defaults(schema.keys), **_valid_values(sec, schema.keys)}
-    for rule in schema.rules:
-        problems += [f"{key}.{name} {message}" for name, message in rule(values)]
-    return problems
-
-
 def params_problems(params: Any, *, partial: bool = False) -> list[str]:
     """Every problem of ``params`` as one message each, naming the dotted key and the bad value.
 
@@ -613,7 +392,7 @@ def params_problems(params: Any, *, partial: bool = False) -> list[str]:
     what is present is checked in full."""
     if not isinstance(params, Mapping):
         return [f"the params file must hold a mapping at the top level, got {params!r}"]
-    problems = _unknown(params, SCHEMA, "")
+    problems = unknown_keys(params, SCHEMA, "")
     for name, schema in SCHEMA.items():
         if name not in params:
             if not partial and schema.required:
@@ -621,13 +400,13 @@ def params_problems(params: Any, *, partial: bool = False) -> list[str]:
             continue
         value = params[name]
         if isinstance(schema, Key):
-            problem = _value_problem(schema, value)
+            problem = value_problem(schema, value)
             if problem:
                 problems.append(f"{name} {problem}")
         elif isinstance(schema, Section):
             if value is None and not schema.required:
                 continue
-            problems += _check_section(value, schema, name)
+            problems += check_section(value, schema, name)
         else:
             problems += schema.check(value, name, params, partial=partial)
     return list(dict.fromkeys(problems))  # one message per problem, in order
