@@ -20,7 +20,8 @@ from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
 from pipeline.routing.assemble import load_prefix
-from pipeline.search.probmodel import ProbModel, max_entropy
+from pipeline.search.picks import max_entropy
+from pipeline.search.probmodel import ProbModel
 from pipeline.train.paths import evaluate_path
 
 

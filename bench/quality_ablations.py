@@ -38,7 +38,7 @@ from pipeline.models.cascade import feature_shapes
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
-from pipeline.search.probmodel import max_entropy
+from pipeline.search.picks import max_entropy
 from pipeline.train.config import TrainConfig
 from pipeline.train.loop import train_module
 from pipeline.train.paths import evaluate_path, recalibrate_batchnorm

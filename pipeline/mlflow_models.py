@@ -16,6 +16,7 @@ import pandas as pd  # the pyfunc model's predict is typed with it (MLflow reads
 
 from pipeline.tracking import DEVICE_ENV, default_tracking_uri, ensure_store
 
+
 def _quiet() -> None:
     """No artifact progress bars: they flood logs and the CLI's stderr (an explicit setting wins)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")

@@ -17,12 +17,12 @@ import pandas as pd
 import torch
 
 from pipeline.config import ComputeConfig, TrackingConfig, section
-from pipeline.params_schema import settings
 from pipeline.device import autocast, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import load_module
+from pipeline.params_schema import settings
 from pipeline.plots import pareto_plot, search_curves
 from pipeline.routing.assemble import load_prefix
 from pipeline.search.candidates import evaluate_candidates, pareto_front, spread_archs

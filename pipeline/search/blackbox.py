@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.search.probmodel import PICKS, ProbModel, mle_update, pick_archs
+from pipeline.search.picks import PICKS, pick_archs
+from pipeline.search.probmodel import ProbModel, mle_update
 from pipeline.search.space import Arch, SearchSpace
 
 # Frozen defaults, chosen on the synthetic family and then fixed (README: "Method B on its own"); the

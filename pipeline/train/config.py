@@ -9,10 +9,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from pipeline.config import ConfigError, deep_merge, section
-from pipeline.search.probmodel import (
-    PICKS,
-    UTILITIES,
-)
+from pipeline.search.picks import PICKS
+from pipeline.search.probmodel import UTILITIES
 
 SCHEDULES = ("cosine", "step", "constant")
 SAMPLERS = ("uniform", "probmodel")

@@ -14,12 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipeline.models.modules import NO_ARCH, SupernetModule
-from pipeline.search.probmodel import (
-    ProbModel,
-    model_mi,
-    pick_archs,
-    supernet_step_loss,
-)
+from pipeline.search.picks import pick_archs
+from pipeline.search.probmodel import ProbModel, model_mi, supernet_step_loss
 from pipeline.search.space import Arch, SearchSpace
 from pipeline.train import distributed
 from pipeline.train.config import TrainConfig

@@ -8,19 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.search.probmodel import (
-    ProbModel,
+from pipeline.search.picks import (
     choice_entropy,
     entropy_pick,
     final_pick,
-    gaussian_mi,
     greedy_pick,
-    mi_loss,
-    mle_update,
     pick_archs,
     plain_pick,
-    supernet_step_loss,
 )
+from pipeline.search.probmodel import ProbModel, gaussian_mi, mi_loss, mle_update, supernet_step_loss
 from pipeline.search.space import Decision, SearchSpace
 from pipeline.search.synthetic import make_synthetic
 
