@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fixed-decay", type=float, default=0.5)
     p.add_argument("--out", type=Path, default=Path("bench/out/calibration_noise.json"))
     args = p.parse_args(argv)
-    from pipeline.routing.package import load_cascade, preprocess
+    from pipeline.routing.package import load_cascade
+    from pipeline.routing.recognize import preprocess
 
     cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
            "ensemble_decays": [0.0], **section(load_params(args.params), "calibrate")}

@@ -22,7 +22,8 @@ from pipeline.models.modules import confidence
 from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import combine_exits
 from pipeline.routing.fit import exit_outputs, fit
-from pipeline.routing.package import load_cascade, preprocess
+from pipeline.routing.package import load_cascade
+from pipeline.routing.recognize import preprocess
 
 
 def main(argv: list[str] | None = None) -> int:

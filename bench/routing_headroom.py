@@ -38,8 +38,9 @@ from pipeline.routing.assemble import load_stage, load_stages
 from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import Stage, combine_exits
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
-from pipeline.routing.package import CascadeMeta, preprocess
+from pipeline.routing.package import CascadeMeta
 from pipeline.routing.predictor import Predictor, priced_offsets, train_p_right
+from pipeline.routing.recognize import preprocess
 from pipeline.search.space import Arch
 
 SPLITS = ("route", "calib", "test")

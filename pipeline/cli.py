@@ -137,7 +137,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
 
 
 def _cmd_recognize(args: argparse.Namespace) -> int:
-    from pipeline.routing.package import collect_image_paths, recognize_files
+    from pipeline.routing.recognize import collect_image_paths, recognize_files
 
     loaded = _open_model(args.model, args.device)
     if loaded is None:

@@ -232,7 +232,7 @@ def predict_frame(loaded: LoadedCascade, frame: pd.DataFrame, batch_size: int = 
     ValueError for a refused request (see :func:`decode_payload`)."""
     import pandas as pd
 
-    from pipeline.routing.package import recognize_arrays
+    from pipeline.routing.recognize import recognize_arrays
 
     images = decode_payload(frame, loaded.meta.image_shape)  # (N, C, H, W), N >= 1
     rows = recognize_arrays(loaded, images, batch_size)

@@ -23,7 +23,8 @@ from pipeline.models.profile import CostModel
 from pipeline.routing.assemble import load_stages
 from pipeline.routing.engine import Stage
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
-from pipeline.routing.package import CascadeMeta, preprocess, save_cascade
+from pipeline.routing.package import CascadeMeta, save_cascade
+from pipeline.routing.recognize import preprocess
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 

@@ -40,7 +40,8 @@ from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel
 from pipeline.plots import anytime_plot, budget_plot, confusion_plot
 from pipeline.routing.engine import Stage, run_cascade
-from pipeline.routing.package import load_cascade, preprocess
+from pipeline.routing.package import load_cascade
+from pipeline.routing.recognize import preprocess
 from pipeline.tracking import stage_run
 from pipeline.train.config import module_train_config
 from stages.common import cli, params_of, parser

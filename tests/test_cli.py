@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pipeline.cli import main, resolve_model_uri
-from pipeline.routing.package import collect_image_paths, load_cascade, recognize_files
+from pipeline.routing.package import load_cascade
+from pipeline.routing.recognize import collect_image_paths, recognize_files
 from tests.routing.test_package import save_tiny, write_image_files
 
 

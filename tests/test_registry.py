@@ -49,7 +49,8 @@ from pipeline.registry import (
     predict_frame,
     register_cascade,
 )
-from pipeline.routing.package import load_cascade, recognize_arrays, recognize_files
+from pipeline.routing.package import load_cascade
+from pipeline.routing.recognize import recognize_arrays, recognize_files
 from tests.routing.test_package import save_tiny, uint8_images, write_image_files
 from tests.team import free_port, subprocess_env
 

@@ -20,15 +20,12 @@ from pipeline.routing.package import (
     MANIFEST,
     CascadeMeta,
     LoadedCascade,
-    collect_image_paths,
     load_cascade,
     manifest_checksum,
-    preprocess,
-    recognize_arrays,
-    recognize_files,
     save_cascade,
 )
 from pipeline.routing.predictor import Predictor
+from pipeline.routing.recognize import collect_image_paths, preprocess, recognize_arrays, recognize_files
 from pipeline.search.space import Arch
 
 SPEC = CascadeSpec(
