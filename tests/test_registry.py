@@ -27,6 +27,7 @@ from pipeline import mlflow_models, tracking
 from pipeline.config import ConfigError
 from pipeline.data.sources import decode_image_file
 from pipeline.io import Split, save_split, write_json
+from pipeline.lineage import dvc_md5
 from pipeline.registry import (
     CHALLENGER,
     CHAMPION,
@@ -37,7 +38,6 @@ from pipeline.registry import (
     class_set_mismatch,
     curve_points,
     decode_payload,
-    dvc_md5,
     gate,
     image_frame,
     input_hashes,
