@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
                 r_correct, r_p_true, _ = candidate_outputs(module, route_h, route_y, archs)
             fitted = fit_predictor(route_h, r_correct, r_p_true, macs, static, PredictorConfig(
                 scoring=scoring, hidden=hidden, pool=pool, epochs=epochs, balanced=cfg.balanced,
-                seed=seed + k))
+                seed=seed + k, tolerance=fallback_tolerance))
             predictor, held_choice, n_fit = fitted.predictor, fitted.held_choice, fitted.n_fit
             rows = torch.arange(len(held_choice))
             routed_right = float(r_correct[n_fit:][rows, held_choice].float().mean())

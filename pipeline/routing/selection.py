@@ -3,8 +3,8 @@
 
 - ``label``: one label per image, the cheapest candidate whose exit is right (cross-entropy);
 - ``p_right``: each candidate's chance of being right (binary cross-entropy on every candidate),
-  chosen by ``sigmoid + cost price``; the price is the one of ``PRICES`` with the best held-out
-  accuracy at no more held-out MACs than the static choice (``choose_price``).
+  chosen by ``sigmoid + cost price``; the price is the cheapest of ``PRICES`` whose held-out accuracy
+  is the static choice's (less ``select.fallback_tolerance``) at no more MACs (``choose_price``).
 
 Either way the result says what routing gives on the held-out images against the static choice;
 ``rules.predictor_pays`` decides whether it serves.
@@ -32,6 +32,7 @@ class PredictorConfig:
     epochs: int = 30
     balanced: bool = False
     seed: int = 0
+    tolerance: float = 0.0  # p_right: the price may lose this much held-out accuracy against the static choice
 
 
 @dataclass
@@ -44,10 +45,11 @@ class FittedPredictor:
 
 
 def choose_price(correct: torch.Tensor, choices: dict[float, torch.Tensor], macs: Sequence[float],
-                 budget: float) -> tuple[float, float, float]:
-    """(price, accuracy, mean candidate MACs) of the price whose choices (N,) are the most accurate on
-    ``correct`` (N, R) at mean MACs <= ``budget``; ties go to the cheaper, then the higher price. If no
-    price fits the budget, the cheapest choice."""
+                 budget: float, floor: float) -> tuple[float, float, float]:
+    """(price, accuracy, mean candidate MACs) for routing with these choices (N,) per price, judged on
+    ``correct`` (N, R): the cheapest price at least ``floor`` accurate within ``budget`` MACs (routing's
+    aim: the static choice's accuracy for less), ties to the more accurate; if no price reaches the
+    floor, the most accurate within the budget; if none fits the budget, the cheapest."""
     if not choices:
         raise ValueError("choose_price needs at least one price")
     table = torch.as_tensor(list(macs), dtype=torch.float64)  # (R,)
@@ -57,6 +59,9 @@ def choose_price(correct: torch.Tensor, choices: dict[float, torch.Tensor], macs
     fits = [t for t in scored if t[2] <= budget * (1 + 1e-12)]
     if not fits:
         return min(scored, key=lambda t: (t[2], -t[1]))
+    good = [t for t in fits if t[1] >= floor - 1e-12]
+    if good:
+        return min(good, key=lambda t: (t[2], -t[1], t[0]))
     return max(fits, key=lambda t: (t[1], -t[2], t[0]))
 
 
@@ -86,7 +91,8 @@ def fit_predictor(features: torch.Tensor, correct: torch.Tensor, p_true: torch.T
         predictor.with_offsets(priced_offsets(price, macs))
         with torch.inference_mode():
             choices[price] = predictor.choose(held).cpu()
-    price, _, _ = choose_price(correct[n_fit:], choices, macs, float(macs[static]))
+    static_acc = float(correct[n_fit:, static].double().mean())
+    price, _, _ = choose_price(correct[n_fit:], choices, macs, float(macs[static]), static_acc - cfg.tolerance)
     predictor.with_offsets(priced_offsets(price, macs))
     return FittedPredictor(predictor, choices[price], n_fit, history, {
         "predictor_price": price, "p_right_share": [round(v, 4) for v in history["label_share"]]})

@@ -6,16 +6,17 @@ import torch
 from pipeline.routing.selection import PRICES, PredictorConfig, choose_price, fit_predictor
 
 
-def test_choose_price_is_the_most_accurate_within_budget_then_the_cheaper() -> None:
+def test_choose_price_is_the_cheapest_as_accurate_as_the_floor_within_budget() -> None:
     correct = torch.tensor([[1, 1], [0, 1], [0, 1], [1, 0]], dtype=torch.bool)  # (4, 2)
     macs = [1.0, 3.0]
     choices = {0.0: torch.tensor([1, 1, 1, 1]), 0.1: torch.tensor([0, 1, 1, 0]), 1.0: torch.tensor([0, 0, 0, 0])}
     # price 0.1: all 4 right at mean 2.0 MACs; price 0: 3 right at 3.0; price 1: 2 right at 1.0
-    assert choose_price(correct, choices, macs, budget=3.0) == (0.1, 1.0, 2.0)
-    assert choose_price(correct, choices, macs, budget=1.5) == (1.0, 0.5, 1.0)
-    assert choose_price(correct, choices, macs, budget=0.5) == (1.0, 0.5, 1.0)  # nothing fits: the cheapest
+    assert choose_price(correct, choices, macs, budget=3.0, floor=0.75) == (0.1, 1.0, 2.0)
+    assert choose_price(correct, choices, macs, budget=3.0, floor=0.5) == (1.0, 0.5, 1.0)  # cheapest enough
+    assert choose_price(correct, choices, macs, budget=1.5, floor=0.9) == (1.0, 0.5, 1.0)  # best within budget
+    assert choose_price(correct, choices, macs, budget=0.5, floor=0.0) == (1.0, 0.5, 1.0)  # nothing fits
     with pytest.raises(ValueError):
-        choose_price(correct, {}, macs, 1.0)
+        choose_price(correct, {}, macs, 1.0, 0.0)
 
 
 def routed_task(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
