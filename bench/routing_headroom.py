@@ -40,7 +40,7 @@ from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import Stage, combine_exits
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 from pipeline.routing.package import CascadeMeta
-from pipeline.routing.predictor import Predictor, priced_offsets, train_p_right
+from pipeline.routing.predictor import Predictor, predictor_macs, priced_offsets, train_p_right
 from pipeline.routing.recognize import preprocess
 from pipeline.search.space import Arch
 
@@ -86,11 +86,18 @@ def read_on(outputs: tuple[torch.Tensor, np.ndarray, torch.Tensor], fitted: dict
 
 
 def evaluate_policy(name: str, choices: dict[str, torch.Tensor], outs: dict[str, list], ys: dict[str, torch.Tensor],
-                    cfg: dict, kind: str, r: int) -> dict[str, Any]:
-    """Fit the exit rule on calib with this routing, read it on test; shares of each candidate."""
-    calib = gather(outs["calib"], choices["calib"])
+                    cfg: dict, kind: str, r: int, k: int = 1, extra_macs: int = 0) -> dict[str, Any]:
+    """Fit the exit rule on calib with this routing, read it on test; shares of each candidate.
+    ``extra_macs``: the predictor's cost, paid by every image from module k on."""
+    def routed(split: str) -> tuple[torch.Tensor, np.ndarray]:
+        logits, cum = gather(outs[split], choices[split])
+        cum = cum.astype(np.float64)
+        cum[:, k - 1:] += extra_macs
+        return logits, cum
+
+    calib = routed("calib")
     fitted = fit_best_ensemble(calib[0], calib[1], ys["calib"], cfg, kind)
-    test = gather(outs["test"], choices["test"])
+    test = routed("test")
     row = {"policy": name,
            "calib": {"accuracy": fitted["accuracy"], "mean_macs": fitted["mean_macs"]},
            "test": read_on((test[0], test[1], ys["test"]), fitted, kind),
@@ -106,7 +113,8 @@ def exit_k_correct(per_candidate: list[tuple[torch.Tensor, np.ndarray]], y: torc
 
 
 def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, xs: dict, ys: dict, cfg: dict,
-                  kind: str, pools: list[int], prices: list[float], seed: int, epochs: int) -> dict[str, Any]:
+                  kind: str, pools: list[int], prices: list[float], seed: int, epochs: int,
+                  reads: str = "input") -> dict[str, Any]:
     selection = read_json(models / f"m{k}" / "select" / "selection.json")
     archs = [Arch.from_key(key) for key in selection["candidates"]]
     macs = [costs.macs(k, a) for a in archs]
@@ -122,26 +130,35 @@ def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, x
         rows.append(row)
     twin = rows[static]
     decay = twin["ensemble_decay"]
-    feats = {split: features_before(stages, xs[split], k) for split in SPLITS}
+    inputs = {split: features_before(stages, xs[split], k) for split in SPLITS}
+    feats = inputs
+    if reads == "transition":  # the supernet's shared stem: every candidate runs it first anyway
+        with torch.inference_mode():
+            feats = {split: torch.cat([stages[k - 1].module.transition(f[i:i + 512]) for i in range(0, len(f), 512)])
+                     for split, f in feats.items()}
     right = {split: exit_k_correct(outs[split], ys[split], k, decay) for split in SPLITS}
     # the select stage's label predictor, where it trained one
     routed, _ = load_stage(models, k, costs, routing="predictor")
     if routed.predictor is not None:
         with torch.inference_mode():
-            choice = {split: routed.predictor.choose(feats[split]).cpu() for split in SPLITS}
-        rows.append(evaluate_policy("label (select's predictor)", choice, outs, ys, cfg, kind, r))
+            choice = {split: routed.predictor.choose(inputs[split]).cpu() for split in SPLITS}
+        rows.append(evaluate_policy("label (select's predictor)", choice, outs, ys, cfg, kind, r, k,
+                                    routed.predictor_macs))
     # the cost-priced p_right predictor, per pooling grid and price
     priced = []
     for pool in pools:
         predictor = Predictor(feats["route"].shape[1], r, hidden=16, pool=pool, seed=seed + k, scoring="p_right")
+        p_macs = predictor_macs(predictor, tuple(feats["route"].shape[1:]))
         history = train_p_right(predictor, feats["route"], right["route"], epochs=epochs, lr=0.01,
                                 batch_size=128, seed=seed + k)
         for price in prices:
             predictor.with_offsets(priced_offsets(price, macs))
             with torch.inference_mode():
                 choice = {split: predictor.choose(feats[split]).cpu() for split in SPLITS}
-            row = evaluate_policy(f"p_right pool={pool} price={price:g}", choice, outs, ys, cfg, kind, r)
-            row.update(pool=pool, price=price, fit_accuracy=history["accuracy"][-1])
+            row = evaluate_policy(f"p_right {reads} pool={pool} price={price:g}", choice, outs, ys, cfg, kind, r,
+                                  k, p_macs)
+            row.update(pool=pool, price=price, fit_accuracy=history["accuracy"][-1], reads=reads,
+                       predictor_macs=p_macs)
             priced.append(row)
     rows.extend(priced)
     # chosen on calib, as the routing target reads test: the cheapest setting as accurate as the static
@@ -169,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pools", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--prices", type=float, nargs="+", default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 1.0])
     p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--reads", choices=("input", "transition"), default="input",
+                   help="what the p_right predictor reads: the module's input (as select) or the supernet's "
+                        "transition output (its shared stem, which every candidate runs first)")
+    p.add_argument("--modules", type=int, nargs="*", default=None, help="supernet modules to measure (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench/out/routing_headroom.json"))
     args = p.parse_args(argv)
     params = load_params(args.params)
@@ -188,11 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     reports = []
     for k in range(1, costs.n_modules + 1):
         path = args.models / f"m{k}" / "select" / "selection.json"
-        if not path.exists() or len(read_json(path)["candidates"]) < 2:
+        if not path.exists() or len(read_json(path)["candidates"]) < 2 or (args.modules and k not in args.modules):
             continue
         print(f"module {k}: routing policies (thresholds fitted on calib, read on test)")
         report = module_report(k, stages, args.models, costs, xs, ys, cfg, kind, args.pools, args.prices,
-                               int(params.get("seed", 0)), args.epochs)
+                               int(params.get("seed", 0)), args.epochs, args.reads)
         for row in report["rows"]:
             mark = " <- chosen on calib" if row["policy"] == report["chosen_on_calib"] else (
                 " (static twin)" if row.get("twin") else "")
