@@ -15,7 +15,7 @@ pytestmark = pytest.mark.e2e
 
 def test_outputs_metrics_plots_and_docs(tiny_repo):
     for path in ("data/prepared/train.npz", "data/prepared/meta.json", "reports/validation/summary.json",
-                 "reports/data_docs/index.html", "data/graded/scores.csv", "data/graded/module_3.txt",
+                 "reports/data_docs/index.html", "data/graded/scores.csv", "data/graded/m3.txt",
                  "data/graded/grader.npz", "plots/grade/score_hist.png", "plots/grade/examples.png"):
         assert (tiny_repo / path).exists(), path
     grade = json.loads((tiny_repo / "metrics/grade.json").read_text())

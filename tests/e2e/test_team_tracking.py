@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 
 from pipeline import mlflow_models
 from pipeline.registry import CHALLENGER, CHAMPION
@@ -21,9 +20,10 @@ def test_tiny_pipeline_registers_and_gates_on_the_team_server(tiny_repo, trackin
                                                                monkeypatch):
     if tracking_server is None:
         pytest.skip(ABSENT)
-    model = yaml.safe_load((tiny_repo / "params.yaml").read_text())["register"]["model_name"]
     assert not (tiny_repo / "mlflow.db").exists() and not (tiny_repo / "mlruns").exists()
     first = json.loads((tiny_repo / "metrics/register.json").read_text())
+    model = first["model_name"]  # register.model_name auto: named after the data (digits-cascade)
+    assert model == "digits-cascade"
     assert first["version"] == 1 and first["passed"] and first["champion"] == 1
     assert postgres_registry(tracking_server.dir, model) == ({CHAMPION: 1, CHALLENGER: 1}, [1])
     assert list((tracking_server.dir / "artifacts").rglob("MLmodel"))
