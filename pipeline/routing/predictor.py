@@ -119,8 +119,18 @@ def class_weights(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return weights.float()  # (R,)
 
 
-def _check_training(features: torch.Tensor, n: int, epochs: int, batch_size: int, lr: float) -> None:
-    if n == 0:
+def _check_training(name: str, predictor: Predictor, scoring: str, features: torch.Tensor,
+                    targets: torch.Tensor, target_shape: str, epochs: int, batch_size: int, lr: float) -> None:
+    """The checks both trainers share: shapes (targets with 1 or 2 dims as ``target_shape`` says), the
+    predictor's scoring, a non-empty set and sane settings."""
+    dims = 1 if target_shape == "(N,)" else 2
+    if features.dim() != 4 or targets.dim() != dims or features.shape[0] != targets.shape[0]:
+        what = "labels" if dims == 1 else "correct"
+        raise ValueError(f"{name} needs features (N, C, H, W) and {what} {target_shape}, "
+                         f"got {tuple(features.shape)} and {tuple(targets.shape)}")
+    if predictor.scoring != scoring:
+        raise ValueError(f"{name} fits a {scoring!r} predictor; this one scores {predictor.scoring!r}")
+    if targets.shape[0] == 0:
         raise ValueError("train_predictor needs at least one sample")
     if epochs < 1 or batch_size < 1 or lr <= 0:
         raise ValueError(f"need epochs >= 1, batch_size >= 1, lr > 0; got {epochs}, {batch_size}, {lr}")
@@ -171,15 +181,8 @@ def train_predictor(
     per-epoch ``loss`` (weighted mean) and ``accuracy`` (on the training data, in eval mode), plus
     ``label_share`` (the fraction of each label). The predictor is left in eval mode.
     """
-    if features.dim() != 4 or labels.dim() != 1 or features.shape[0] != labels.shape[0]:
-        raise ValueError(
-            f"train_predictor needs features (N, C, H, W) and labels (N,), "
-            f"got {tuple(features.shape)} and {tuple(labels.shape)}"
-        )
-    if predictor.scoring != "label":
-        raise ValueError(f"train_predictor fits a 'label' predictor; this one scores {predictor.scoring!r}")
+    _check_training("train_predictor", predictor, "label", features, labels, "(N,)", epochs, batch_size, lr)
     n, r = labels.shape[0], predictor.num_candidates
-    _check_training(features, n, epochs, batch_size, lr)
     if int(labels.min()) < 0 or int(labels.max()) >= r:
         raise ValueError(f"train_predictor: labels must lie in [0, {r}), got {labels.unique().tolist()}")
     labels = labels.long().to(features.device)
@@ -210,17 +213,10 @@ def train_p_right(
     whether that candidate's answer is right, ``correct`` (N, R). History as ``train_predictor``'s,
     with ``accuracy`` the share of (image, candidate) pairs whose right/wrong it calls, and
     ``label_share`` each candidate's share of right answers."""
-    if features.dim() != 4 or correct.dim() != 2 or features.shape[0] != correct.shape[0]:
-        raise ValueError(
-            f"train_p_right needs features (N, C, H, W) and correct (N, R), "
-            f"got {tuple(features.shape)} and {tuple(correct.shape)}"
-        )
-    if predictor.scoring != "p_right":
-        raise ValueError(f"train_p_right fits a 'p_right' predictor; this one scores {predictor.scoring!r}")
+    _check_training("train_p_right", predictor, "p_right", features, correct, "(N, R)", epochs, batch_size, lr)
     if correct.shape[1] != predictor.num_candidates:
         raise ValueError(f"train_p_right: {correct.shape[1]} candidates in correct, predictor has "
                          f"{predictor.num_candidates}")
-    _check_training(features, correct.shape[0], epochs, batch_size, lr)
     target = correct.float().to(features.device)  # (N, R)
     history: dict[str, list[float]] = {"loss": [], "accuracy": [], "label_share": target.mean(0).tolist()}
     return _fit(predictor, features,
