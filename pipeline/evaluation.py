@@ -108,9 +108,10 @@ NOISY = 0.25  # a timing whose repeats spread more than this (relative) is too n
 
 def timing_noisy(*timings: dict[str, float]) -> bool:
     """Whether any of these ``time_cascade`` results spread too much to be read as a speed-up (a busy
-    machine: the throughput runs differ by more than ``NOISY``, or the batch-1 IQR exceeds it)."""
-    return any(t.get("throughput_spread", 0.0) > NOISY or t.get("latency_b1_iqr_share", 0.0) > NOISY
-               for t in timings)
+    machine: the repeated throughput runs over the same images differ by more than ``NOISY``). The
+    batch-1 spread is recorded but not used: an early-exit cascade's per-image latency varies by design
+    (an image leaving at exit 1 costs less than one reaching exit 2)."""
+    return any(t.get("throughput_spread", 0.0) > NOISY for t in timings)
 
 
 def candidate_correct(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
