@@ -59,6 +59,46 @@ def features_before(stages: list[Stage], x: torch.Tensor, k: int, batch_size: in
     return torch.cat(parts)
 
 
+def exit_probs_before(stages: list[Stage], x: torch.Tensor, k: int, batch_size: int = 512) -> torch.Tensor:
+    """Exit k-1's class probabilities (the previous exit's answer, which the cascade has computed before
+    module k runs) as an (N, classes, 1, 1) map the predictor can read."""
+    parts = []
+    with torch.inference_mode():
+        for s in range(0, x.shape[0], batch_size):
+            h, logits = x[s:s + batch_size], None
+            for stage in stages[:k - 1]:
+                h, logits = stage.module(h, stage.candidates[0])
+            parts.append(logits.float().softmax(-1)[:, :, None, None])
+    return torch.cat(parts)
+
+
+def predictor_inputs(reads: str, stages: list[Stage], k: int, xs: dict, inputs: dict) -> dict[str, torch.Tensor]:
+    """What the p_right predictor reads per split: ``input`` (module k's input, as select), ``transition``
+    (the supernet's shared stem), ``exit`` (exit k-1's probabilities), ``input+exit`` (the input
+    averaged over space, beside exit k-1's probabilities: one (N, C + classes, 1, 1) map)."""
+    if reads == "input":
+        return inputs
+    if reads == "transition":  # every candidate runs the stem first anyway
+        with torch.inference_mode():
+            return {split: torch.cat([stages[k - 1].module.transition(f[i:i + 512]) for i in range(0, len(f), 512)])
+                    for split, f in inputs.items()}
+    if k < 2:
+        raise SystemExit(f"--reads {reads}: module {k} has no exit before it")
+    probs = {split: exit_probs_before(stages, xs[split], k) for split in SPLITS}
+    if reads == "exit":
+        return probs
+    return {split: torch.cat([inputs[split].mean(dim=(2, 3), keepdim=True), probs[split]], 1) for split in SPLITS}
+
+
+def reaching(outs: list[tuple[torch.Tensor, np.ndarray]], static: int, fitted: dict, k: int, kind: str
+             ) -> torch.Tensor:
+    """(N,) whether an image passes exits 1..k-1 of the static twin (its calib-fitted thresholds and
+    decay): the images routing at module k serves."""
+    scores = combine_exits(outs[static][0], fitted["ensemble_decay"])
+    conf = confidence(scores, kind)[:, :k - 1]
+    return (conf < torch.tensor(fitted["thresholds"][:k - 1], dtype=conf.dtype)).all(1)
+
+
 def with_candidate(stages: list[Stage], k: int, arch: Arch, macs: int) -> list[Stage]:
     """The stages with module k pinned to one candidate path."""
     out = list(stages)
@@ -114,7 +154,7 @@ def exit_k_correct(per_candidate: list[tuple[torch.Tensor, np.ndarray]], y: torc
 
 def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, xs: dict, ys: dict, cfg: dict,
                   kind: str, pools: list[int], prices: list[float], seed: int, epochs: int,
-                  reads: str = "input") -> dict[str, Any]:
+                  reads: str = "input", train_on: str = "all") -> dict[str, Any]:
     selection = read_json(models / f"m{k}" / "select" / "selection.json")
     archs = [Arch.from_key(key) for key in selection["candidates"]]
     macs = [costs.macs(k, a) for a in archs]
@@ -131,12 +171,12 @@ def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, x
     twin = rows[static]
     decay = twin["ensemble_decay"]
     inputs = {split: features_before(stages, xs[split], k) for split in SPLITS}
-    feats = inputs
-    if reads == "transition":  # the supernet's shared stem: every candidate runs it first anyway
-        with torch.inference_mode():
-            feats = {split: torch.cat([stages[k - 1].module.transition(f[i:i + 512]) for i in range(0, len(f), 512)])
-                     for split, f in feats.items()}
+    feats = predictor_inputs(reads, stages, k, xs, inputs)
     right = {split: exit_k_correct(outs[split], ys[split], k, decay) for split in SPLITS}
+    # the predictor's training images: every route image, or those the twin's exits before k pass on
+    keep = reaching(outs["route"], static, twin, k, kind) if train_on == "reaching" and k > 1 else None
+    fit_x, fit_right = ((feats["route"], right["route"]) if keep is None else
+                        (feats["route"][keep], right["route"][keep]))
     # the select stage's label predictor, where it trained one
     routed, _ = load_stage(models, k, costs, routing="predictor")
     if routed.predictor is not None:
@@ -149,8 +189,7 @@ def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, x
     for pool in pools:
         predictor = Predictor(feats["route"].shape[1], r, hidden=16, pool=pool, seed=seed + k, scoring="p_right")
         p_macs = predictor_macs(predictor, tuple(feats["route"].shape[1:]))
-        history = train_p_right(predictor, feats["route"], right["route"], epochs=epochs, lr=0.01,
-                                batch_size=128, seed=seed + k)
+        history = train_p_right(predictor, fit_x, fit_right, epochs=epochs, lr=0.01, batch_size=128, seed=seed + k)
         for price in prices:
             predictor.with_offsets(priced_offsets(price, macs))
             with torch.inference_mode():
@@ -158,7 +197,7 @@ def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, x
             row = evaluate_policy(f"p_right {reads} pool={pool} price={price:g}", choice, outs, ys, cfg, kind, r,
                                   k, p_macs)
             row.update(pool=pool, price=price, fit_accuracy=history["accuracy"][-1], reads=reads,
-                       predictor_macs=p_macs)
+                       predictor_macs=p_macs, train_on=train_on, train_images=len(fit_right))
             priced.append(row)
     rows.extend(priced)
     # chosen on calib, as the routing target reads test: the cheapest setting as accurate as the static
@@ -174,6 +213,7 @@ def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, x
     rows.append(evaluate_policy("oracle (reads labels)", oracle, outs, ys, cfg, kind, r))
     return {"module": k, "candidates": [a.key() for a in archs], "candidate_macs": macs, "static": static,
             "exit_k_accuracy_test": right["test"].double().mean(0).tolist(),
+            "reads": reads, "train_on": train_on, "train_images": len(fit_right),
             "rows": rows, "chosen_on_calib": None if chosen is None else chosen["policy"]}
 
 
@@ -186,9 +226,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pools", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--prices", type=float, nargs="+", default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 1.0])
     p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--reads", choices=("input", "transition"), default="input",
-                   help="what the p_right predictor reads: the module's input (as select) or the supernet's "
-                        "transition output (its shared stem, which every candidate runs first)")
+    p.add_argument("--reads", choices=("input", "transition", "exit", "input+exit"), default="input",
+                   help="what the p_right predictor reads: the module's input (as select), the supernet's "
+                        "transition output (its shared stem, which every candidate runs first), the previous "
+                        "exit's probabilities, or the input averaged over space beside them")
+    p.add_argument("--train-on", choices=("all", "reaching"), default="all",
+                   help="the predictor's route images: all, or those the static twin's earlier exits pass "
+                        "(calib-fitted thresholds): the images routing at module k serves")
     p.add_argument("--modules", type=int, nargs="*", default=None, help="supernet modules to measure (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench/out/routing_headroom.json"))
     args = p.parse_args(argv)
@@ -213,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"module {k}: routing policies (thresholds fitted on calib, read on test)")
         report = module_report(k, stages, args.models, costs, xs, ys, cfg, kind, args.pools, args.prices,
-                               int(params.get("seed", 0)), args.epochs, args.reads)
+                               int(params.get("seed", 0)), args.epochs, args.reads, args.train_on)
         for row in report["rows"]:
             mark = " <- chosen on calib" if row["policy"] == report["chosen_on_calib"] else (
                 " (static twin)" if row.get("twin") else "")

@@ -13,7 +13,6 @@ running the large net minus ``delta``.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -24,13 +23,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.config import ConfigError
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, confidence
 from pipeline.models.ops import ConvBNReLU
 from pipeline.routing.calibration import calibrate_delta, simulate_thresholds
+from pipeline.schema_keys import ParamsError
 from pipeline.search.space import Arch, SearchSpace
-from pipeline.train.config import SCHEDULES, TrainConfig
+from pipeline.settings import section_problems, settings
+from pipeline.train.config import TrainConfig
 from pipeline.train.loop import train_module
 from pipeline.train.paths import module_outputs
 from pipeline.train.prefix import Prefix
@@ -90,14 +90,6 @@ def plain_macs(module: PlainCNN, image_shape: Sequence[int]) -> int:
 # ----------------------------------------------------------------------------------------- config
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 _FLOATS = ("lr", "momentum", "weight_decay", "warmup_epochs", "label_smoothing")
 
 
@@ -119,23 +111,16 @@ class BaselineConfig:
     label_smoothing: float = 0.0
 
     def __post_init__(self) -> None:
-        for problem in _baseline_problems(self):
-            raise ConfigError(problem)
+        problems = section_problems({f.name: getattr(self, f.name) for f in fields(self)}, "baselines")
+        if problems:  # the schema's check (pipeline.params_schema.BASELINES), every problem at once
+            raise ParamsError(problems)
         for name in _FLOATS:  # YAML writes 1 for 1.0: store floats as floats
             object.__setattr__(self, name, float(getattr(self, name)))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> BaselineConfig:
-        """Build from the ``baselines`` section (None or {} = defaults); unknown keys are an error."""
-        if d is None:
-            return cls()
-        if not isinstance(d, Mapping):
-            raise ConfigError(f"params: baselines must be a mapping, got {type(d).__name__}")
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            known = [f.name for f in fields(cls)]
-            raise ConfigError(f"params: baselines has unknown keys {unknown}; known keys: {known}")
-        return cls(**d)
+        """Build from the ``baselines`` section (None or {} = defaults), checked by the schema."""
+        return cls(**vars(settings({"baselines": d}, "baselines")))
 
     def train_config(self, seed: int) -> TrainConfig:
         """The recipe as a ``TrainConfig``: plain cross-entropy (lam = mu = 0)."""
@@ -143,29 +128,6 @@ class BaselineConfig:
                            weight_decay=self.weight_decay, schedule=self.schedule,
                            warmup_epochs=self.warmup_epochs, crop_padding=self.crop_padding, flip=self.flip,
                            lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing)
-
-
-def _baseline_problems(c: BaselineConfig) -> list[str]:
-    """Messages naming the offending key, ``params: baselines.<key> ...``, in field order."""
-    checks: list[tuple[str, bool, str]] = [
-        ("small_width", _is_int(c.small_width) and c.small_width >= 1, "an int >= 1"),
-        ("large_width", _is_int(c.large_width) and c.large_width >= 1
-         and (not _is_int(c.small_width) or c.large_width >= c.small_width), "an int >= small_width"),
-        ("epochs", _is_int(c.epochs) and c.epochs >= 1, "an int >= 1"),
-        ("batch_size", _is_int(c.batch_size) and c.batch_size >= 1, "an int >= 1"),
-        ("lr", _is_number(c.lr) and c.lr > 0, "a number > 0"),
-        ("momentum", _is_number(c.momentum) and 0 <= c.momentum < 1, "a number in [0, 1)"),
-        ("weight_decay", _is_number(c.weight_decay) and c.weight_decay >= 0, "a number >= 0"),
-        ("schedule", c.schedule in SCHEDULES, f"one of {list(SCHEDULES)}"),
-        ("warmup_epochs", _is_number(c.warmup_epochs) and 0 <= c.warmup_epochs
-         and (not _is_int(c.epochs) or c.warmup_epochs < c.epochs), "a number in [0, epochs)"),
-        ("crop_padding", _is_int(c.crop_padding) and c.crop_padding >= 0, "an int >= 0"),
-        ("flip", isinstance(c.flip, bool), "a bool"),
-        ("label_smoothing", _is_number(c.label_smoothing) and 0 <= c.label_smoothing < 1,
-         "a number in [0, 1)"),
-    ]
-    return [f"params: baselines.{name} must be {wanted}, got {getattr(c, name)!r}"
-            for name, ok, wanted in checks if not ok]
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -4,16 +4,18 @@ reads the params file itself. Every check raises :class:`ConfigError` naming the
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS, ConfigError
+from pipeline.choices import ConfigError
+from pipeline.params_schema import SCHEMA
 from pipeline.params_schema import check_params as _check_schema
+from pipeline.schema_keys import ParamsError
+from pipeline.settings import settings, top_level
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -81,24 +83,20 @@ def section(params: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value
 
 
-def _get(sec: Mapping[str, Any], name: str, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-    if name not in sec:
-        if default is ...:
-            raise ConfigError(f"params: {key}.{name} is missing")
-        return default
-    value = sec[name]
-    if value is None and default is None:
-        return None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise ConfigError(f"params: {key}.{name} must be {getattr(kind, '__name__', kind)}, got {value!r}")
-    return value
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"params: {key} {message}")
+def _build(cls: type, checked: Any, **extra: Any) -> Any:
+    """A typed config from a checked settings object (:func:`pipeline.settings.settings`): its fields
+    that the config declares, plus ``extra``; nothing is checked again."""
+    values = {}
+    for f in fields(cls):
+        if f.name in extra or not hasattr(checked, f.name):
+            continue
+        value = getattr(checked, f.name)
+        if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # YAML writes 1 for 1.0
+        elif str(f.type).startswith("tuple") and isinstance(value, list):
+            value = tuple(value)
+        values[f.name] = value
+    return cls(**values, **extra)
 
 
 @dataclass(frozen=True)
@@ -115,27 +113,7 @@ class DataConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> DataConfig:
-        s = section(params, "data")
-        cfg = cls(
-            source=_get(s, "source", "data", str),
-            image_size=_get(s, "image_size", "data", int),
-            channels=_get(s, "channels", "data", int, 1),
-            val_fraction=_get(s, "val_fraction", "data", float),
-            route_fraction=_get(s, "route_fraction", "data", float, 0.5),
-            test_fraction=_get(s, "test_fraction", "data", float, 0.2),
-            max_train=_get(s, "max_train", "data", int, None),
-            max_test=_get(s, "max_test", "data", int, None),
-            seed=_get(params, "seed", "(top level)", int, 0),
-        )
-        _check(4 <= cfg.image_size <= 512, "data.image_size", f"must be in 4..512, got {cfg.image_size}")
-        _check(cfg.channels in (1, 3), "data.channels", f"must be 1 or 3, got {cfg.channels}")
-        for name in ("val_fraction", "route_fraction", "test_fraction"):
-            value = getattr(cfg, name)
-            _check(0.0 < value < 1.0, f"data.{name}", f"must be strictly between 0 and 1, got {value}")
-        for name in ("max_train", "max_test"):
-            value = getattr(cfg, name)
-            _check(value is None or value >= 20, f"data.{name}", f"must be null or at least 20, got {value}")
-        return cfg
+        return _build(cls, settings(params, "data"), seed=top_level(params, "seed"))
 
 
 @dataclass(frozen=True)
@@ -148,19 +126,7 @@ class ValidateConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> ValidateConfig:
-        s = section(params, "validate")
-        cfg = cls(
-            class_share_tolerance=_get(s, "class_share_tolerance", "validate", float),
-            pixel_mean_min=_get(s, "pixel_mean_min", "validate", float, 0.0),
-            pixel_mean_max=_get(s, "pixel_mean_max", "validate", float, 255.0),
-            min_pixel_std=_get(s, "min_pixel_std", "validate", float, 0.0),
-            max_duplicate_share=_get(s, "max_duplicate_share", "validate", float, 0.0),
-        )
-        _check(0.0 <= cfg.class_share_tolerance <= 1.0, "validate.class_share_tolerance", "must be in [0, 1]")
-        _check(0.0 <= cfg.pixel_mean_min <= cfg.pixel_mean_max <= 255.0, "validate.pixel_mean_min/max",
-               "must satisfy 0 <= min <= max <= 255")
-        _check(0.0 <= cfg.max_duplicate_share <= 1.0, "validate.max_duplicate_share", "must be in [0, 1]")
-        return cfg
+        return _build(cls, settings(params, "validate"))
 
 
 @dataclass(frozen=True)
@@ -177,27 +143,7 @@ class GradeConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> GradeConfig:
-        s = section(params, "grade")
-        cfg = cls(
-            scorer=_get(s, "scorer", "grade", str, "pca-logreg"),
-            pca_components=_get(s, "pca_components", "grade", int, 50),
-            folds=_get(s, "folds", "grade", int, 5),
-            levels=_get(s, "levels", "grade", int),
-            curriculum=_get(s, "curriculum", "grade", str, "cumulative"),
-            max_iter=_get(s, "max_iter", "grade", int, 200),
-            knn_neighbors=_get(s, "knn_neighbors", "grade", int, 10),
-            seed=_get(params, "seed", "(top level)", int, 0),
-            level_weight=_get(s, "level_weight", "grade", int, 2),
-        )
-        _check(1 <= cfg.level_weight <= 10, "grade.level_weight", f"must be in 1..10, got {cfg.level_weight}")
-        _check(cfg.scorer in SCORERS, "grade.scorer", f"must be one of {SCORERS}, got {cfg.scorer!r}")
-        _check(cfg.curriculum in CURRICULA, "grade.curriculum", f"must be one of {CURRICULA}, got {cfg.curriculum!r}")
-        _check(2 <= cfg.folds <= 20, "grade.folds", f"must be in 2..20, got {cfg.folds}")
-        _check(1 <= cfg.levels <= 20, "grade.levels", f"must be in 1..20, got {cfg.levels}")
-        _check(cfg.pca_components >= 1, "grade.pca_components", f"must be at least 1, got {cfg.pca_components}")
-        _check(cfg.max_iter >= 1, "grade.max_iter", "must be at least 1")
-        _check(cfg.knn_neighbors >= 1, "grade.knn_neighbors", "must be at least 1")
-        return cfg
+        return _build(cls, settings(params, "grade"), seed=top_level(params, "seed"))
 
 
 @dataclass(frozen=True)
@@ -206,8 +152,7 @@ class TrackingConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> TrackingConfig:
-        s = params.get("tracking") or {}
-        return cls(experiment=_get(s, "experiment", "tracking", str, "cascade"))
+        return _build(cls, settings(params, "tracking"))
 
 
 @dataclass(frozen=True)
@@ -223,20 +168,15 @@ class ModelConfig:
         from pipeline.models.modules import ModuleSpec
 
         mods = section(params, "modules")
+        problems = SCHEMA["modules"].check(mods, "modules", params, partial=True)  # type: ignore[union-attr]
+        if problems:
+            raise ParamsError(problems)
         names = tuple(mods)
-        expected = tuple(f"m{k}" for k in range(1, len(names) + 1))
-        _check(names == expected, "modules", f"must be named m1..mK in order, got {list(names)}")
-        specs = []
-        for name in names:
-            raw = mods[name]
-            _check(isinstance(raw, Mapping) and isinstance(raw.get("spec"), Mapping), f"modules.{name}.spec",
-                   "is missing or not a mapping")
-            try:
-                specs.append(ModuleSpec.from_dict(raw["spec"]))
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(f"params: modules.{name}.spec: {exc}") from None
-        confidence = _get(params.get("model") or {}, "confidence", "model", str, "maxprob")
-        _check(confidence in ("maxprob", "margin"), "model.confidence", f"must be maxprob or margin, got {confidence!r}")
+        try:
+            specs = [ModuleSpec.from_dict(mods[name]["spec"]) for name in names]
+        except (TypeError, ValueError) as exc:  # what the schema cannot see (e.g. a spec the builder refuses)
+            raise ConfigError(f"params: modules: {exc}") from None
+        confidence = settings(params, "model").confidence
         return cls(names, tuple(specs), confidence)
 
     def cascade_spec(self, in_channels: int, num_classes: int, image_size: int) -> Any:
@@ -253,14 +193,7 @@ class ProfileConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> ProfileConfig:
-        s = params.get("profile") or {}
-        cfg = cls(repeats=_get(s, "repeats", "profile", int, 20),
-                  batch_sizes=tuple(_get(s, "batch_sizes", "profile", list, [1, 64])),
-                  seed=_get(params, "seed", "(top level)", int, 0))
-        _check(cfg.repeats >= 1, "profile.repeats", "must be at least 1")
-        _check(all(isinstance(b, int) and b >= 1 for b in cfg.batch_sizes) and 1 in cfg.batch_sizes,
-               "profile.batch_sizes", f"must be positive ints including 1, got {list(cfg.batch_sizes)}")
-        return cfg
+        return _build(cls, settings(params, "profile"), seed=top_level(params, "seed"))
 
 
 @dataclass(frozen=True)
@@ -275,20 +208,12 @@ class ComputeConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> ComputeConfig:
-        s = params.get("compute") or {}
-        _check(isinstance(s, Mapping), "compute", f"must be a mapping, got {s!r}")
-        return cls.of(_get(s, "device", "compute", str, "auto"), _get(s, "precision", "compute", str, "fp32"))
+        return _build(cls, settings(params, "compute"))
 
     @classmethod
     def of(cls, device: str, precision: str = "fp32") -> ComputeConfig:
         """A checked config from the two strings (also what ``--device`` flags build)."""
-        _check(isinstance(device, str) and re.fullmatch(DEVICE_PATTERN, device) is not None, "compute.device",
-               f"must be auto, cpu, cuda or cuda:N (N an int >= 0), got {device!r}")
-        _check(precision in PRECISIONS, "compute.precision",
-               f"must be one of {PRECISIONS}, got {precision!r}")
-        _check(not (precision == "bf16" and device == "cpu"), "compute.precision",
-               "bf16 needs a CUDA device (compute.device is cpu); use fp32 on the CPU")
-        return cls(device, precision)
+        return cls.from_params({"compute": {"device": device, "precision": precision}})
 
     def resolve(self) -> Any:
         """The ``torch.device`` to run on (:func:`pipeline.device.resolve_device`); bf16 on a device
@@ -297,6 +222,7 @@ class ComputeConfig:
         from pipeline.device import resolve_device  # here, not at the top: it imports torch
 
         device = resolve_device(self.device)
-        _check(not (self.precision == "bf16" and device.type != "cuda"), "compute.precision",
-               f"bf16 needs a CUDA device, but compute.device {self.device!r} resolved to {device}; use fp32")
+        if self.precision == "bf16" and device.type != "cuda":
+            raise ConfigError(f"params: compute.precision bf16 needs a CUDA device, but compute.device "
+                              f"{self.device!r} resolved to {device}; use fp32")
         return device

@@ -1,39 +1,27 @@
-"""The declarative schema of ``params.yaml`` and :func:`check_params`, the one up-front check of the
-whole file: every key, its type and range, unknown keys (with a "did you mean"), cross-key rules.
+"""The declarative schema of ``params.yaml`` and :func:`check_params`, the one check of the whole
+file and of every section a typed config reads (:func:`settings`, :func:`section_problems`): each key,
+its type and range, unknown keys (with a "did you mean"), cross-key rules, every problem at once.
+Stages run it first (``stages.common.params_of``), ``make repro`` before ``dvc repro``.
 
-Stages run it on the file before anything else (``stages.common.params_of``), and ``make repro`` runs
-it (``python -m pipeline.check_params``) before ``dvc repro``. The typed builders in
-:mod:`pipeline.config` and the library still check what they build; this schema is at least as strict,
-so a bad key fails here first, named, together with every other problem in the file.
-
-Types are strict: ``Int`` takes an int only (not a bool, not ``"3"``, not ``2.5``); ``Number`` takes an
-int or a finite float (not a bool, not a string); ``Bool`` takes ``true``/``false`` only.
-
-To add a key, add one line to its section's dict below (``DATA``, ``TRAIN``, ``SEARCH``, ...), e.g.::
-
-    TRAIN = {..., "utility": Str(choices=("perf", "acc"), default="perf", doc="...")}
-    SEARCH = {..., "utility": Str(choices=("perf", "acc"), default="perf")}
-
-``required=True`` only for keys the code reads without a default. A key added to ``TRAIN`` is allowed
-in ``modules.mK.train`` too (every key optional there). A rule across keys goes into the section's
-``rules`` (a function of the section's valid values yielding ``(key, message)``); a new section is a new
-entry in ``SCHEMA``. Enumerations that the library also defines are tested equal to it
-(tests/test_params_schema.py), so the two cannot drift apart silently. The key and section types and
-the per-value checks are :mod:`pipeline.schema_keys`; :func:`settings` gives a checked section as a
-frozen object, so stages read values without checking them again.
+To add a key, add one line to its section's dict below (``DATA``, ``TRAIN``, ...), e.g.
+``"utility": Str(choices=("perf", "acc"), default="perf", doc="...")``; ``required=True`` only for keys
+the code reads without a default. A ``TRAIN`` key is allowed in ``modules.mK.train`` too. A rule across
+keys goes into the section's ``rules`` (a function of its valid values yielding ``(key, message)``); a
+new section is a new entry in ``SCHEMA``. Enumerations the library also defines are tested equal to it
+(tests/test_params_schema.py). Types are strict: ``Int`` takes an int only (not a bool, ``"3"`` or
+``2.5``), ``Number`` an int or finite float, ``Bool`` ``true``/``false`` (key types:
+:mod:`pipeline.schema_keys`).
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import make_dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from pipeline.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS
 from pipeline.schema_keys import (
-    NO_DEFAULT,
     Bool,
     Custom,
     Fraction,
@@ -166,7 +154,8 @@ TRAIN = {
     "distill": Number(ge=0, default=0.0),
     "utility": Str(choices=UTILITIES, default="rank"),
     "paired_perf": Bool(default=True),
-    "kd": Number(ge=0, default=0.0, doc="distillation from plain_large's probabilities (needs train's --teacher)"),
+    "kd": Number(ge=0, default=0.0,
+                 doc="distillation from plain_large's probabilities (needs train's --teacher)"),
     "kd_temperature": Number(gt=0, default=1.0),
     "grad_clip": Number(ge=0, default=0.0, doc="clip the gradients' global norm to this (0: off)"),
     "processes": Int(ge=1, default=1),
@@ -417,33 +406,3 @@ def check_params(params: Any, *, partial: bool = False, source: str = "params") 
     problems = params_problems(params, partial=partial)
     if problems:
         raise ParamsError(problems, source)
-
-
-# ------------------------------------------------------------------------------------ typed settings
-
-
-@functools.cache
-def _settings_type(name: str) -> type:
-    """A frozen dataclass with one field per key of section ``name``, in schema order."""
-    spec = SCHEMA[name]
-    if not isinstance(spec, Section):
-        raise ValueError(f"settings: params {name!r} is not a plain section")
-    fields = [(key, Any) for key in spec.keys]
-    return make_dataclass(f"{name.title()}Settings", fields, frozen=True)
-
-
-def settings(params: Mapping[str, Any], name: str) -> Any:
-    """Section ``name`` of checked params as a frozen object, every key present (absent keys take the
-    schema's defaults): what a stage reads instead of checking values a second time. A required key
-    without a value raises ParamsError naming it (a stage run on a partial params file)."""
-    spec = SCHEMA[name]
-    given = params.get(name) or {}
-    values = {}
-    for key, k in spec.keys.items():  # type: ignore[union-attr]
-        if key in given:
-            values[key] = given[key]
-        elif k.default is not NO_DEFAULT:
-            values[key] = list(k.default) if isinstance(k.default, list) else k.default
-        else:
-            raise ParamsError([f"{name}.{key} is missing ({k.wanted()})"])
-    return _settings_type(name)(**values)

@@ -1,6 +1,7 @@
 """``python -m pipeline.profiles [--profile quick] [--data SOURCE]``: run the whole pipeline as a DVC
 experiment with a profile's settings (``profiles/<name>.yaml``) and, optionally, your own data source,
-in one command (``make repro PROFILE=quick DATA=imagefolder:/path/to/images``).
+in one command (``make repro PROFILE=quick DATA=imagefolder:/path/to/images``), with a progress line
+per stage (which one, elapsed, and what is left, estimated from this run's last time here).
 
 The settings become ``dvc exp run -S key=value`` overrides, so DVC records them with the experiment
 and writes them into ``params.yaml`` the way it always does (its comments kept); ``dvc exp show``
@@ -21,6 +22,7 @@ import yaml
 
 from pipeline.config import ConfigError, deep_merge, load_params
 from pipeline.params_schema import check_params
+from pipeline.progress import FIRST_RUN_HINT, TIMES_FILE, StageProgress, load_times, save_times
 
 PROFILES = Path("profiles")
 WHERE = (
@@ -71,6 +73,33 @@ def command(overlay: Mapping[str, Any], base: Mapping[str, Any], extra: list[str
     return ["dvc", "exp", "run", *[arg for s in settings(overlay, base) for arg in ("-S", s)], *extra]
 
 
+def stage_names() -> list[str]:
+    """Every stage of dvc.yaml in DVC's order (``dvc stage list``; empty if DVC cannot list them)."""
+    try:
+        out = subprocess.run(["dvc", "stage", "list", "--name-only"], capture_output=True, text=True,
+                             check=False)
+    except OSError:
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def run_with_progress(cmd: list[str], progress: StageProgress) -> int:
+    """Run ``cmd``, passing its output through unchanged, with a progress line after each line where
+    DVC starts a stage."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.stdout is not None
+    out, pending = sys.stdout.buffer, b""
+    while chunk := proc.stdout.read1(65536):
+        out.write(chunk)
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        notes = [n for n in (progress.feed(line.decode(errors="replace")) for line in lines) if n]
+        for note in notes:
+            out.write(f"{note}\n".encode())
+        out.flush()
+    return proc.wait()
+
+
 def main(argv: list[str] | None = None) -> int:
     known = ", ".join(sorted(q.stem for q in PROFILES.glob("*.yaml")))
     p = argparse.ArgumentParser(prog="python -m pipeline.profiles", description=__doc__.split("\n\n")[0],
@@ -96,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     print("running: " + " ".join(cmd), flush=True)
     if args.dry_run:
         return 0
-    status = subprocess.call(cmd)
+    kind = f"{args.profile or 'default'} | {merged['data']['source']}"
+    progress = StageProgress(stage_names(), load_times(TIMES_FILE, kind),
+                             FIRST_RUN_HINT.get(args.profile or "default"))
+    status = run_with_progress(cmd, progress)
+    if status == 0:
+        save_times(TIMES_FILE, kind, progress.finish())
     if status != 0:
         print(f"error: dvc exp run failed (exit {status}); the failing stage's message is above",
               file=sys.stderr)

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from pipeline import mlflow_models, tracking
-from pipeline.config import _check, _get, section
 from pipeline.lineage import input_hashes, lineage_tags, metric_tags, metrics_from_tags
 from pipeline.payload import (  # re-exported: clients and bench import them from here
     INPUT_COLUMNS,
@@ -36,6 +35,7 @@ from pipeline.payload import (  # re-exported: clients and bench import them fro
     png_b64,
     predict_frame,
 )
+from pipeline.settings import settings
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,18 +80,12 @@ class RegisterConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RegisterConfig:
-        s = section(params, "register")
-        name = _get(s, "model_name", "register", str)
+        s = settings(params, "register")  # checked by the schema (pattern, ranges)
+        name = s.model_name
         if name == AUTO_NAME:
             name = model_name_for(str((params.get("data") or {}).get("source", "fashion-mnist")))
-        cfg = cls(model_name=name,
-                  acc_tolerance=_get(s, "acc_tolerance", "register", float),
-                  macs_tolerance=_get(s, "macs_tolerance", "register", float))
-        _check(bool(re.fullmatch(r"[\w.-]+", cfg.model_name)), "register.model_name",
-               "must be letters, digits, '_', '.' or '-'")
-        _check(0.0 <= cfg.acc_tolerance <= 1.0, "register.acc_tolerance", "must be in [0, 1]")
-        _check(0.0 <= cfg.macs_tolerance, "register.macs_tolerance", "must be >= 0")
-        return cfg
+        return cls(model_name=name, acc_tolerance=float(s.acc_tolerance),
+                   macs_tolerance=float(s.macs_tolerance))
 
 
 # ----------------------------------------------------------------------------------------------- gate

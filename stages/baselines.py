@@ -30,7 +30,7 @@ from pipeline.baselines import (
 )
 from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.io import atomic_path, load_split, read_json, write_json
-from pipeline.params_schema import settings
+from pipeline.settings import settings
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 

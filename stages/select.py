@@ -15,7 +15,7 @@ from pipeline.device import autocast, cpu_state_dict, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
-from pipeline.params_schema import settings
+from pipeline.settings import settings
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.features import candidate_outputs, split_features
 from pipeline.routing.predictor import predictor_macs

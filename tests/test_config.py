@@ -15,15 +15,49 @@ def test_default_params_load():
 
 @pytest.mark.parametrize("override,message", [
     ({"grade": {"curriculum": "reverse"}}, "grade.curriculum must be one of"),
-    ({"grade": {"folds": 1}}, "grade.folds must be in 2..20"),
-    ({"data": {"image_size": "big"}}, "data.image_size must be int"),
-    ({"data": {"max_train": 3}}, "data.max_train must be null or at least 20"),
+    ({"grade": {"folds": 1}}, "grade.folds must be an int in 2..20, got 1"),
+    ({"data": {"image_size": "big"}}, "data.image_size must be an int in 4..512, got 'big'"),
+    ({"data": {"max_train": 3}}, "data.max_train must be null or an int >= 20, got 3"),
 ])
 def test_bad_values_name_their_key(override, message):
     params = deep_merge(PARAMS, override)
+    build = GradeConfig.from_params if "grade" in override else DataConfig.from_params
     with pytest.raises(ConfigError, match=message):
-        DataConfig.from_params(params)
-        GradeConfig.from_params(params)
+        build(params)
+
+
+@pytest.mark.parametrize("override", [
+    {"grade": {"folds": 1, "levels": 0}}, {"data": {"image_size": 2, "channels": 2}},
+    {"validate": {"pixel_mean_min": 200, "pixel_mean_max": 100}}, {"profile": {"batch_sizes": [64]}},
+    {"compute": {"device": "tpu"}}, {"register": {"acc_tolerance": 2}}, {"baselines": {"epochs": 0}},
+])
+def test_typed_configs_are_checked_by_the_schema_alone(override):
+    """Every typed config reports exactly the schema's problems (every one, not only the first): the
+    key is validated in one place, pipeline.params_schema."""
+    from pipeline.baselines import BaselineConfig
+    from pipeline.config import ComputeConfig, ProfileConfig, ValidateConfig
+    from pipeline.params_schema import params_problems
+    from pipeline.registry import RegisterConfig
+
+    params = deep_merge(PARAMS, override)
+    expected = params_problems(params)
+    assert expected
+    build = {"grade": GradeConfig.from_params, "data": DataConfig.from_params,
+             "validate": ValidateConfig.from_params, "profile": ProfileConfig.from_params,
+             "compute": ComputeConfig.from_params, "register": RegisterConfig.from_params,
+             "baselines": lambda p: BaselineConfig.from_dict(p["baselines"])}[next(iter(override))]
+    with pytest.raises(ConfigError) as raised:
+        build(params)
+    assert list(raised.value.problems) == expected
+
+
+def test_typed_configs_keep_their_types():
+    from pipeline.config import ProfileConfig, ValidateConfig
+
+    profile = ProfileConfig.from_params(deep_merge(PARAMS, {"profile": {"batch_sizes": [1, 8]}}))
+    assert profile.batch_sizes == (1, 8)
+    validate = ValidateConfig.from_params(deep_merge(PARAMS, {"validate": {"pixel_mean_min": 1}}))
+    assert validate.pixel_mean_min == 1.0 and isinstance(validate.pixel_mean_min, float)
 
 
 def test_bad_module_spec_names_the_module():

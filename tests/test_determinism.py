@@ -13,12 +13,11 @@ from pipeline.models.cascade import build_modules, feature_shapes
 from pipeline.models.modules import NO_ARCH
 from pipeline.models.profile import CostModel, profile_cascade
 from pipeline.models.store import ModuleInfo, load_module
-from pipeline.search.candidates import evaluate_candidates, pareto_front
+from pipeline.search.candidates import evaluate_candidates, pareto_front, search_result, split_timings
 from pipeline.train.loop import train_module
+from pipeline.train.outputs import write_train_outputs
 from pipeline.train.prefix import Prefix
 from stages.profile import write_profile
-from stages.search import search_result, split_timings
-from stages.train import write_train_outputs
 from tests.train.test_loop import MEAN, SPEC, STD, cfg, costs, pattern_data
 
 TIMING_WORDS = ("latency", "seconds", "images_per_s", "threads")

@@ -266,12 +266,13 @@ def test_schema_enums_match_the_library():
     )
     from pipeline.routing import calibration, predictor
     from pipeline.train import config as loop
+    from pipeline.search import probmodel
     from stages import select
 
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS
     assert CONFIDENCES == modules.CONFIDENCE_KINDS and REFERENCES == calibration.REFERENCES
     assert SCHEDULES == loop.SCHEDULES and SAMPLERS == loop.SAMPLERS and SELECT_MODES == select.MODES
-    assert UTILITIES == loop.UTILITIES and PICKS == loop.PICKS and SELECT_SCORINGS == predictor.SCORINGS
+    assert UTILITIES == probmodel.UTILITIES and PICKS == loop.PICKS and SELECT_SCORINGS == predictor.SCORINGS
 
 
 def test_schema_keys_match_the_typed_configs():
@@ -347,7 +348,7 @@ def test_check_params_cli(tmp_path, capsys):
 
 
 def test_settings_give_every_key_of_a_section_with_the_schema_defaults() -> None:
-    from pipeline.params_schema import settings
+    from pipeline.settings import settings
 
     s = settings({"select": {"mode": "testset", "pool": 2}}, "select")
     assert (s.mode, s.pool, s.hidden, s.scoring, s.delta) == ("testset", 2, 16, "label", 0.003)

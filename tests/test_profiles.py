@@ -45,3 +45,18 @@ def test_dry_run_prints_the_experiment_and_bad_input_stops_first(tmp_path: Path,
         check_source(f"imagefolder:{tmp_path / 'missing'}")
     assert main(["--profile", "nope", "--dry-run"]) == 1
     assert "profiles: quick, tiny" in capsys.readouterr().err
+
+
+def test_run_with_progress_passes_output_through_and_adds_stage_lines(capfd) -> None:
+    import sys
+
+    from pipeline.profiles import run_with_progress
+    from pipeline.progress import StageProgress
+
+    script = ("print(\"Running stage 'ingest':\"); print('epoch 1/2', end='\\r'); print('epoch 2/2'); "
+              "print(\"Stage 'grade' didn't change, skipping\"); raise SystemExit(3)")
+    status = run_with_progress([sys.executable, "-c", script], StageProgress(["ingest", "grade"], {}, "soon"))
+    out = capfd.readouterr().out
+    assert status == 3  # the command's own exit status
+    assert "epoch 1/2\repoch 2/2\n" in out and "didn't change, skipping" in out
+    assert "[stage 1/2 ingest] elapsed 0 s; no timing of this run here yet (soon in all)" in out

@@ -198,7 +198,7 @@ def test_register_config() -> None:
         RegisterConfig.from_params(params(macs_tolerance=-1))
     with pytest.raises(ConfigError, match="register.model_name"):
         RegisterConfig.from_params(params(model_name="a/b"))
-    with pytest.raises(ConfigError, match="register.acc_tolerance must be float"):
+    with pytest.raises(ConfigError, match=r"register.acc_tolerance must be a number in \[0, 1\], got .x."):
         RegisterConfig.from_params(params(acc_tolerance="x"))
 
 

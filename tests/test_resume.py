@@ -15,7 +15,15 @@ from pipeline.models.modules import NO_ARCH
 from pipeline.train.config import TrainConfig
 from pipeline.train.loop import history_frame_records, train_module
 from pipeline.train.prefix import Prefix
-from pipeline.train.resume import checkpoint_key, clean_stale_temporaries
+from pipeline.train.resume import (
+    checkpoint_cache,
+    checkpoint_key,
+    clean_stale_checkpoints,
+    clean_stale_temporaries,
+    discard_checkpoints,
+    key_inputs,
+    prepare_checkpoints,
+)
 from tests.train.test_loop import MEAN, SPEC, STD, assert_bitwise_equal, cfg, costs, pattern_data, state
 
 
@@ -132,6 +140,48 @@ def test_stale_temporaries_of_a_killed_stage_are_removed(tmp_path: Path) -> None
     removed = clean_stale_temporaries(module_dir)
     assert [p.name for p in removed] == [".train.abc123"]
     assert sorted(p.name for p in module_dir.iterdir()) == ["search", "train"]
+
+
+def test_checkpoints_of_other_keys_are_removed(tmp_path: Path) -> None:
+    cache = checkpoint_cache(tmp_path, "m1", "new")
+    assert cache == tmp_path / ".cache" / "train" / "m1-new"
+    assert clean_stale_checkpoints(cache, "m1") == []  # no .cache/train yet
+    for name in ("m1-new", "m1-old", "m1-older", "m10-other", "m2-old"):
+        (cache.parent / name).mkdir(parents=True)
+    removed = clean_stale_checkpoints(cache, "m1")
+    assert [p.name for p in removed] == ["m1-old", "m1-older"]
+    assert sorted(p.name for p in cache.parent.iterdir()) == ["m1-new", "m10-other", "m2-old"]
+
+
+def test_prepare_checkpoints_cleans_up_and_says_so_on_rank_0_only(tmp_path: Path) -> None:
+    module_dir, root = tmp_path / "models" / "m1", tmp_path / "repo"
+    (module_dir / ".train.dead").mkdir(parents=True)
+    (root / ".cache" / "train" / "m1-old").mkdir(parents=True)
+    (root / ".cache" / "train" / "m1-key").mkdir()
+    (root / ".cache" / "train" / "m1-key" / "epoch_0002.pt").write_bytes(b"")
+    said: list[str] = []
+    cache = prepare_checkpoints(root, module_dir, "m1", "key", clean=False, log=said.append)
+    assert cache == root / ".cache" / "train" / "m1-key" and said == []  # another rank: the path only
+    assert (module_dir / ".train.dead").is_dir() and (root / ".cache" / "train" / "m1-old").is_dir()
+    assert prepare_checkpoints(root, module_dir, "m1", "key", log=said.append) == cache
+    assert said == [f"train@m1: removed {module_dir / '.train.dead'} (left by a killed run)",
+                    f"train@m1: removed stale checkpoints {root / '.cache' / 'train' / 'm1-old'}",
+                    f"train@m1: resuming from the checkpoint in {cache}"]
+    assert list(module_dir.iterdir()) == [] and [p.name for p in cache.parent.iterdir()] == ["m1-key"]
+    discard_checkpoints(cache)
+    assert not cache.exists()
+    said.clear()
+    prepare_checkpoints(root, module_dir, "m1", "key", log=said.append)
+    assert said == []  # nothing left to remove or resume
+
+
+def test_key_inputs_are_the_modules_data_and_the_frozen_modules(tmp_path: Path) -> None:
+    data, graded, profile, models = tmp_path / "d", tmp_path / "g", tmp_path / "p.json", tmp_path / "m"
+    assert key_inputs(data, graded, profile, models, 1, None) == [
+        data / "train.npz", data / "meta.json", graded / "m1.txt", profile]
+    assert key_inputs(data, graded, profile, models, 3, tmp_path / "t")[3:] == [
+        profile, models / "m1" / "train", models / "m1" / "select", models / "m2" / "train",
+        models / "m2" / "select", tmp_path / "t"]
 
 
 # ------------------------------------------------------------------------------------------ MLflow (C)

@@ -1,20 +1,32 @@
 """Method B's final step on a trained supernet module: evaluate k subnets drawn from P(N) on held-out
 data, keep the best by perf as the target, and the accuracy-cost Pareto set as routing candidates
 (optionally over extra subnets spread across the whole space's cost range, ``spread_archs``: P(N)'s
-own draws cluster where its cost term pulls them, which leaves routing little to choose between)."""
+own draws cluster where its cost term pulls them, which leaves routing little to choose between).
+Also what the ``search`` stage writes: ``search.json`` (no measured timing: identical runs write
+identical files), its metrics, and the candidates table and plots."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipeline.device import autocast
+from pipeline.io import read_json
+from pipeline.models.modules import SupernetModule
+from pipeline.models.profile import CostModel
+from pipeline.plots import pareto_plot, search_curves
 from pipeline.search.probmodel import ProbModel
 from pipeline.search.space import Arch, SearchSpace
+from pipeline.train.prefix import Prefix
+
+TIMING_KEYS = ("latency_ms_b1", "latency_ms_b64")  # measured: the metrics file only, never search.json
 
 
 @torch.inference_mode()
@@ -70,3 +82,78 @@ def spread_archs(space: SearchSpace, op_macs: dict[str, dict[str, float]], macs_
         if pick is not None:
             chosen.append(pick)
     return chosen
+
+
+def draw_candidates(module: nn.Module, prob_model: Path, costs: CostModel, k: int, samples: int, spread: int,
+                    rng: np.random.Generator) -> tuple[ProbModel | None, list[Arch], list[Arch]]:
+    """What the search evaluates on module k: P(N) (read from the file ``prob_model``, uniform where
+    there is none: the uniform-sampler ablation), ``samples`` distinct draws from it plus its most likely
+    subnet, and with ``spread`` > 0 up to ``spread`` more subnets across the space's cost range
+    (:func:`spread_archs`, those not drawn already), in this order from ``rng``. A fixed module: no
+    model, its one path, no spread."""
+    if not isinstance(module, SupernetModule):
+        return None, [module.default_arch()], []
+    model = (ProbModel.from_dict(module.space, read_json(prob_model)) if prob_model.exists()
+             else ProbModel.uniform(module.space))
+    archs = model.sample_distinct(samples, rng)
+    if model.most_likely() not in archs:
+        archs.append(model.most_likely())
+    if not spread:
+        return model, archs, []
+    op_macs = costs.table["modules"][k - 1]["op_macs"]
+    spread_pool = spread_archs(module.space, op_macs, lambda a: costs.macs(k, a), spread, rng)
+    return model, archs, [a for a in spread_pool if a not in archs]
+
+
+def prefix_features(prefix: Prefix, images: np.ndarray, labels: np.ndarray, device: torch.device,
+                    precision: str, batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """Module k's input on a split: the images through the frozen ``prefix`` (N, C_k, H_k, W_k), and the
+    labels (N,), both on ``device``."""
+    with torch.inference_mode(), autocast(device, precision):
+        batches = prefix.batches(images, labels, batch_size, device)
+        feats, ys = zip(*((prefix(x), y) for x, y in batches), strict=True)
+    return torch.cat(feats), torch.cat(ys)
+
+
+def split_timings(rows: list[dict]) -> dict[str, dict]:
+    """Remove the measured latencies from candidate rows (in place); returns them by arch key."""
+    return {r["arch"]: {key: r.pop(key) for key in TIMING_KEYS if key in r} for r in rows}
+
+
+def search_result(k: int, sampler: str, rows: list[dict], target: dict, front: list[dict],
+                  model: ProbModel | None, spread: list[dict] | None = None) -> dict:
+    """What ``search.json`` holds: no timing, so identical runs write identical files (``spread``: the
+    rows of the spread subnets, kept only when there are any)."""
+    result = {"module": k, "sampler": sampler, "samples": len(rows), "target": target, "pareto": front,
+              "candidates": rows, "most_likely": model.most_likely().key() if model is not None else "",
+              "entropy_final": model.entropy() if model is not None else 0.0}
+    if spread:
+        result["spread"] = spread
+    return result
+
+
+def search_metrics(result: dict, latency: dict[str, dict]) -> dict[str, Any]:
+    """The search stage's metrics: the target's figures (its measured latencies from ``latency``, by arch
+    key, included), the Pareto set's size, the spread of the drawn candidates' accuracy."""
+    target = result["target"]
+    accs = np.array([r["acc"] for r in result["candidates"]])
+    return {"target_acc": target["acc"], "target_macs": target["macs"], "target_perf": target["perf"],
+            "pareto_size": len(result["pareto"]), "acc_min": float(accs.min()), "acc_max": float(accs.max()),
+            "acc_spread": float(accs.max() - accs.min()), "entropy_final": result["entropy_final"],
+            **{f"target_{key}": v for key, v in latency[target["arch"]].items()}}
+
+
+def write_search_plots(directory: Path, k: int, rows: list[dict], spread_rows: list[dict], front: list[dict],
+                       target: dict, iterations: Path) -> None:
+    """Into ``directory``: ``candidates.csv`` (every evaluated subnet, whether on the front, drawn from
+    P(N) or spread), ``acc_vs_macs.png``; with method B's ``iterations`` table (a file that may be
+    absent), ``entropy_mi.csv`` and ``entropy_mi.png``."""
+    every = rows + spread_rows
+    pd.DataFrame(every).assign(pareto=[r in front for r in every],
+                               drawn_from=["P(N)"] * len(rows) + ["spread"] * len(spread_rows)).to_csv(
+        directory / "candidates.csv", index=False)
+    pareto_plot(directory / "acc_vs_macs.png", every, front, target, title=f"module {k}: candidates on route")
+    if iterations.exists():
+        table = pd.read_csv(iterations)
+        table[["iteration", "entropy", "mi"]].to_csv(directory / "entropy_mi.csv", index=False)
+        search_curves(directory / "entropy_mi.png", table, title=f"module {k}: method B training")

@@ -24,6 +24,7 @@ Only rank 0 writes outputs, checkpoints and MLflow runs; the stage relaunches it
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -85,6 +86,14 @@ def torchrun_command(processes: int, module: str, argv: Sequence[str]) -> list[s
     """The command that reruns ``python -m module argv`` as ``processes`` ranks on this machine."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}",
             "-m", module, *argv]
+
+
+def run_ranks(processes: int, module: str, argv: Sequence[str] | None, label: str) -> int:
+    """Rerun ``python -m module argv`` (``argv`` None: this process's own arguments) as ``processes``
+    ranks under ``torchrun``, saying so as ``label``; returns its exit status."""
+    command = torchrun_command(processes, module, sys.argv[1:] if argv is None else argv)
+    print(f"{label}: {processes} processes: {' '.join(command)}", flush=True)
+    return subprocess.run(command, check=False).returncode
 
 
 def check_split(batch_size: int, chunks: int, w: World) -> None:

@@ -10,7 +10,7 @@ import os
 import random
 import shutil
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -61,12 +61,63 @@ def _file_digest(path: Path, chunk: int = 1 << 20) -> bytes:
     return h.digest()
 
 
+def key_inputs(data: Path, graded: Path, profile: Path, models: Path, k: int,
+               teacher: Path | None) -> list[Path]:
+    """The input files and folders module k's result depends on (hashed into its checkpoint key): the
+    training images and metadata, its curriculum, the cost model, the frozen modules 1..k-1 (trained
+    and selected), and the distillation teacher's baselines directory when it is read."""
+    return [data / "train.npz", data / "meta.json", graded / f"m{k}.txt", profile,
+            *(models / f"m{j}" / part for j in range(1, k) for part in ("train", "select")),
+            *([teacher] if teacher is not None else [])]
+
+
+def checkpoint_cache(root: Path, name: str, key: str) -> Path:
+    """``<root>/.cache/train/<name>-<key>``: outside the stage's DVC output (which ``dvc repro`` deletes
+    before running the stage), one folder per key."""
+    return Path(root) / ".cache" / "train" / f"{name}-{key}"
+
+
 def clean_stale_temporaries(module_dir: Path) -> list[Path]:
     """Remove ``<module_dir>/.train.*`` folders that a killed run's atomic write left behind."""
     stale = sorted(module_dir.glob(".train.*")) if module_dir.is_dir() else []
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale
+
+
+def clean_stale_checkpoints(cache: Path, name: str) -> list[Path]:
+    """Remove the ``<name>-*`` folders beside ``cache`` but ``cache`` itself: checkpoints of inputs or
+    code that changed since a killed run, which can never be resumed."""
+    stale = [p for p in sorted(cache.parent.glob(f"{name}-*")) if p != cache] if cache.parent.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def prepare_checkpoints(root: Path, module_dir: Path, name: str, key: str, *, clean: bool = True,
+                        log: Callable[[str], None] = _log) -> Path:
+    """Module ``name``'s checkpoint folder for ``key`` (:func:`checkpoint_cache`). With ``clean`` (rank 0
+    only: the others just need the path), first removes what killed runs left, saying so: stale
+    temporaries in ``module_dir`` (the folder of its outputs), checkpoints of other keys; and says so
+    when a checkpoint there is resumed."""
+    cache = checkpoint_cache(root, name, key)
+    if clean:
+        for path in clean_stale_temporaries(module_dir):
+            log(f"train@{name}: removed {path} (left by a killed run)")
+        for stale in clean_stale_checkpoints(cache, name):
+            log(f"train@{name}: removed stale checkpoints {stale}")
+        if any(cache.glob("epoch_*.pt")):
+            log(f"train@{name}: resuming from the checkpoint in {cache}")
+    return cache
+
+
+def discard_checkpoints(cache: Path) -> None:
+    """Delete a checkpoint folder once the stage succeeded (its output is committed)."""
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 _STATE_NAME = "epoch_{:04d}.pt"

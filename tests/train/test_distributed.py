@@ -12,6 +12,7 @@ which the BatchNorm difference did not change). Every rank always holds the same
 from __future__ import annotations
 
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,19 @@ def test_torchrun_command_reruns_the_module() -> None:
     cmd = distributed.torchrun_command(2, "stages.train", ["--module", "1"])
     assert cmd[1:] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "stages.train",
                        "--module", "1"]
+
+
+def test_run_ranks_runs_torchrun_and_returns_its_status(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    ran = []
+    monkeypatch.setattr(distributed.subprocess, "run",
+                        lambda command, check: ran.append(command) or types.SimpleNamespace(returncode=3))
+    assert distributed.run_ranks(2, "stages.train", ["--module", "1"], "train@m1") == 3
+    assert ran == [distributed.torchrun_command(2, "stages.train", ["--module", "1"])]
+    assert capsys.readouterr().out == f"train@m1: 2 processes: {' '.join(ran[0])}\n"
+    monkeypatch.setattr(distributed.sys, "argv", ["stages/train.py", "--module", "m2"])
+    distributed.run_ranks(3, "stages.train", None, "train@m2")  # None: this process's own arguments
+    assert ran[1][-3:] == ["stages.train", "--module", "m2"] and "--nproc-per-node=3" in ran[1]
 
 
 def test_two_gloo_processes_match_one_process_without_batchnorm(tmp_path: Path) -> None:
