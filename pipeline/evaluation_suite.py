@@ -58,7 +58,7 @@ def static_stages(stages: list[Stage], costs: CostModel, which: str) -> list[Sta
             arch = stage.module.space.make({label: pick(ops, key=ops.get) for label, ops in table.items()})
         else:
             pairs = list(zip(stage.candidate_macs, stage.candidates, strict=True))
-            pick = max if which.endswith("largest") else min
+            pick = max if "largest" in which else min  # largest_candidate, space_largest (fixed)
             arch = pick(pairs, key=lambda p: p[0])[1]
         out.append(Stage(stage.module, (arch,), (costs.macs(k, arch),), float("inf")))
     return out

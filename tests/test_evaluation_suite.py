@@ -63,9 +63,6 @@ def test_static_stages_pick_one_path_per_module(tiny, which):
     _check_static(stages, costs, which, arch, macs)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug kept by the behaviour-preserving move out of "
-                   "stages/evaluate.py: 'largest_candidate'.endswith('largest') is False, so it picks the "
-                   "cheapest one (since largest_static was renamed in 22ab09c); drop this mark when fixed")
 def test_static_stages_largest_candidate_is_the_most_expensive(tiny):
     stages, costs = tiny
     _check_static(stages, costs, "largest_candidate", CANDIDATES[1][0], max(stages[1].candidate_macs))
