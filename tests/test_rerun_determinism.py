@@ -1,6 +1,6 @@
-"""bench/rerun_determinism.py's lock comparison (the two-run benchmark itself is a script)."""
+"""tests/tools/rerun_determinism.py's lock comparison (the two-run benchmark itself is a script)."""
 
-from bench.rerun_determinism import compare_locks, lock_outputs
+from tests.tools.rerun_determinism import compare_locks, lock_outputs
 
 
 def _lock(**outs):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.tiny_repo import ROOT, add_fourth_module, env_for, make_tiny_repo
 from tests.team import TeamServer, postgres_bin, running_team_server
+from tests.tools.tiny_repo import ROOT, add_fourth_module, env_for, make_tiny_repo
 
 __all__ = ["ROOT", "MODULES", "add_fourth_module", "changed_stages", "env_for", "make_tiny_repo", "repo_env",
            "run"]

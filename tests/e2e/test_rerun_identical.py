@@ -1,5 +1,5 @@
 """Stages run again on the same inputs give byte-identical DVC outputs (timings live only in metrics
-files). The full check, two whole runs from scratch, is `python -m bench.rerun_determinism` (12 min);
+files). The full check, two whole runs from scratch, is `python -m tests.tools.rerun_determinism` (12 min);
 this test re-runs the two stages whose outputs once carried run-specific bytes (GX data docs with the
 run's time in validate, the baselines' training seconds) and checks the whole dvc.lock."""
 
@@ -9,8 +9,8 @@ import shutil
 
 import yaml
 
-from bench.rerun_determinism import compare_locks
 from tests.e2e.conftest import run
+from tests.tools.rerun_determinism import compare_locks
 
 
 def test_forced_rerun_of_validate_and_baselines_changes_no_output(tiny_repo, tmp_path):

@@ -1,6 +1,7 @@
 """A throw-away copy of this repository on the tiny profile (scikit-learn's digits), for the end-to-end
-tests and for benchmarks that run the real DVC pipeline: the working tree's files (tracked and
-untracked, not ignored), params merged with profiles/tiny.yaml, committed to a fresh git repo."""
+tests and the two-run determinism check (``tests.tools.rerun_determinism``), which run the real DVC
+pipeline: the working tree's files (tracked and untracked, not ignored), params merged with
+profiles/tiny.yaml, committed to a fresh git repo."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import yaml
 
 from pipeline.config import deep_merge, load_params
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # tests/tools/tiny_repo.py -> the repository root
 
 
 def repo_files(root: Path) -> list[str]:

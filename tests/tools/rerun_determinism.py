@@ -1,7 +1,7 @@
 """Two runs of the whole pipeline from scratch, same commit, data and params: do they agree?
 
-    python -m bench.rerun_determinism                  # two fresh tiny-profile repos (about 12 min)
-    python -m bench.rerun_determinism --repos A B      # compare two repos that already ran `dvc repro`
+    python -m tests.tools.rerun_determinism                  # two fresh tiny-profile repos (about 12 min)
+    python -m tests.tools.rerun_determinism --repos A B      # compare two repos that already ran `dvc repro`
 
 Each fresh repo is a copy of this working tree on the tiny profile with a fourth module (the e2e
 tests' cascade), run with `dvc repro` one after the other. The script compares the two `dvc.lock`
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.tiny_repo import add_fourth_module, make_tiny_repo, run_in
+from tests.tools.tiny_repo import add_fourth_module, make_tiny_repo, run_in
 
 ALLOWED_PREFIXES = ("metrics/",)
 

@@ -1,0 +1,1 @@
+"""Test helpers: a throw-away tiny-profile copy of the repository, and the two-run determinism check."""
