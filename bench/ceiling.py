@@ -7,12 +7,20 @@
 
 Plain PyTorch on cached features. The trained modules before the one under test are frozen (as in
 the pipeline), so their outputs on the training images, and on the same images flipped, are
-computed once; each candidate module then trains on them with plain cross-entropy: SGD (Nesterov,
-momentum 0.9, weight decay 5e-4), cosine from lr 0.1, batch 128, per image a random flip (one of
-the two cached views) and a random shift of the feature map by up to ``--shift`` cells (zero
-padding: the input-side crop's counterpart). Each variant is scored on ``calib`` and, for
-information, on ``test``: alone, and in the exit ensemble with the frozen exits before it
-(decays 0.25 and 0.5, as ``calibrate.ensemble_decays``).
+computed once; each candidate module then trains on them with plain cross-entropy, per image a
+random flip (one of the two cached views) and a random shift of the feature map by up to
+``--shift`` cells (zero padding: the input-side crop's counterpart). Each variant is scored on
+``calib`` and, for information, on ``test``: alone, and in the exit ensemble with the frozen exits
+before it (decays 0.25 and 0.5, as ``calibrate.ensemble_decays``).
+
+The training recipe is the pipeline's (:func:`recipe`, a ``TrainConfig``): the optimizer of
+``pipeline.train.loop.make_optimizer`` (Nesterov SGD, momentum 0.9, weight decay 5e-4 on the weights
+and none on BatchNorm and biases), the lr of each step from ``pipeline.train.config.learning_rate``
+(cosine from 0.1 to 0, no warmup), batch 128, and for distillation the pipeline's step loss: CE plus
+``kd`` times ``pipeline.train.steps.soft_target_loss`` against the teacher's probabilities at
+``kd_temperature``. The figures in ``docs/results/ceiling_all.json`` and ``ceiling_distill.json``
+(docs/RESULTS.md) were produced before this change by the bench's older loop (weight decay on every
+parameter; distillation as (1 - w) CE + w T^2 KL) until re-run.
 
 Parts:
 - ``m3``: module 3 variants behind the pipeline's modules 1 and 2 (``--models``): the cheapest path
@@ -25,12 +33,14 @@ Parts:
   from the raw images (crop and flip as ``train``; the sum of the three exits' losses): if its last
   exit is no better than the sequential one, freezing earlier modules is not what limits.
 - ``distill`` (only when asked): the params' module 1 trained from the raw images with plain
-  cross-entropy and distilled (Hinton et al.: CE mixed with T^2 KL at temperature T) from the run's
-  plain_large baseline (``--baselines``), whose logits on the training images and their mirror
-  images are computed once: can the strongest model that exists before train@m1 lift exit 1?
+  cross-entropy and distilled (Hinton et al., as the pipeline's ``train.kd``: CE + kd T^2 KL at
+  temperature T) from the run's plain_large baseline (``--baselines``), whose logits on the training
+  images and their mirror images are computed once: can the strongest model that exists before
+  train@m1 lift exit 1?
 
 ``--max-train`` and ``--epochs`` shrink the run for a smoke test (the README says which settings
-its figures used). The result goes to ``docs/results/ceiling.json``.
+its figures used). The result goes to ``--out`` (default ``bench/out/ceiling.json``; the committed runs
+are ``docs/results/ceiling_all.json`` and ``ceiling_distill.json``).
 """
 
 from __future__ import annotations
@@ -38,7 +48,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -56,11 +65,13 @@ from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
 from pipeline.routing.engine import combine_exits
-from pipeline.train.config import module_train_config
+from pipeline.train.config import TrainConfig, learning_rate, module_train_config
 from pipeline.train.data import ImageBatches, epoch_seed, random_crop
-from pipeline.train.steps import distillation_loss
+from pipeline.train.loop import make_optimizer
+from pipeline.train.steps import soft_target_loss
 
 DECAYS = (0.25, 0.5)
+BATCH = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,21 +90,33 @@ class Views:
 @dataclasses.dataclass(frozen=True)
 class Soft:
     """A teacher's logits on the training images (N, K), as is and flipped (the two cached views),
-    and how much its softened answer weighs: loss = (1 - weight) CE + weight T^2 KL(teacher_T || net_T)."""
+    and the pipeline's ``kd`` and ``kd_temperature``: loss = CE + kd T^2 KL(teacher_T || net_T)."""
 
     train: torch.Tensor
     train_flipped: torch.Tensor
-    weight: float
+    kd: float
     temperature: float
 
 
-def soft_loss(logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor, weight: float,
-              temperature: float) -> torch.Tensor:
-    """Hinton et al.'s distillation loss: CE on the labels mixed with the KL divergence between the
-    teacher's and the student's softmax at ``temperature`` (scaled by T^2 so its gradient keeps size)."""
-    t = temperature
-    kl = distillation_loss(logits / t, teacher / t) * t * t  # the pipeline's KL, at temperature t
-    return (1.0 - weight) * F.cross_entropy(logits, labels) + weight * kl
+def recipe(epochs: int, seed: int, batch: int = BATCH, soft: Soft | None = None) -> TrainConfig:
+    """The bench's training settings as the pipeline's ``TrainConfig``: lr 0.1, cosine to 0 without
+    warmup, momentum 0.9, weight decay 5e-4, plain cross-entropy (lam = mu = 0), and ``soft``'s
+    distillation weight and temperature (kd 0: none)."""
+    return TrainConfig(epochs=epochs, batch_size=batch, lr=0.1, momentum=0.9, weight_decay=5e-4,
+                       schedule="cosine", warmup_epochs=0.0, lam=0.0, mu=0.0, seed=seed,
+                       kd=0.0 if soft is None else soft.kd,
+                       kd_temperature=1.0 if soft is None else soft.temperature)
+
+
+def step_loss(logits: torch.Tensor, labels: torch.Tensor, cfg: TrainConfig,
+              soft: torch.Tensor | None = None) -> torch.Tensor:
+    """The pipeline's loss of a fixed module's step at lam = mu = 0 (``pipeline.train.steps``): CE on the
+    labels plus ``cfg.kd`` times its distillation term against ``soft`` (B, K), a teacher's
+    probabilities at ``cfg.kd_temperature``."""
+    loss = F.cross_entropy(logits, labels)
+    if soft is not None and cfg.kd > 0:
+        loss = loss + cfg.kd * soft_target_loss(logits, soft, cfg.kd_temperature)
+    return loss
 
 
 def run_batched(net: nn.Module, x: torch.Tensor, batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
@@ -123,17 +146,19 @@ def next_views(net: nn.Module, views: Views) -> Views:
     return Views(tr, trf, ca, te, (*views.calib_logits, lc), (*views.test_logits, lt))
 
 
-def cosine_lr(base: float, step: int, total: int) -> float:
-    return base * 0.5 * (1.0 + math.cos(math.pi * step / max(total, 1)))
-
-
 def fit_on_views(net: nn.Module, views: Views, labels: torch.Tensor, epochs: int, shift: int, seed: int,
-                 lr: float = 0.1, batch: int = 128, soft: Soft | None = None) -> float:
-    """Train ``net`` (forward -> (features, logits)) on cached views, with plain cross-entropy or, given
-    ``soft``, distillation from a teacher's logits on the same view; returns the seconds taken."""
-    opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+                 batch: int = BATCH, soft: Soft | None = None) -> float:
+    """Train ``net`` (forward -> (features, logits)) on cached views with the pipeline's recipe
+    (:func:`recipe`), with plain cross-entropy or, given ``soft``, distillation from the teacher's
+    answer on the same view; returns the seconds taken."""
+    cfg = recipe(epochs, seed, batch, soft)
+    opt = make_optimizer(net, cfg)
+    probs = None  # the teacher's probabilities (N, K) per view at kd_temperature, as the pipeline takes them
+    if soft is not None:
+        probs = [torch.softmax(t.float() / cfg.kd_temperature, dim=-1)
+                 for t in (soft.train, soft.train_flipped)]
     n = len(labels)
-    total, step = epochs * (n // batch), 0
+    per_epoch, step = n // batch, 0
     start = time.perf_counter()
     for epoch in range(epochs):
         g = torch.Generator().manual_seed(epoch_seed(seed, epoch))
@@ -146,13 +171,12 @@ def fit_on_views(net: nn.Module, views: Views, labels: torch.Tensor, epochs: int
             x = torch.where(view, views.train_flipped[idx], views.train[idx]).float()
             x = random_crop(x, shift, g)
             for group in opt.param_groups:
-                group["lr"] = cosine_lr(lr, step, total)
+                group["lr"] = learning_rate(cfg, step, per_epoch)
             logits = net(x, NO_ARCH)[1]
-            if soft is None:
-                loss = F.cross_entropy(logits, labels[idx])
-            else:
-                teacher = torch.where(view[:, :, 0, 0], soft.train_flipped[idx], soft.train[idx])  # (B, K)
-                loss = soft_loss(logits, labels[idx], teacher, soft.weight, soft.temperature)
+            teacher = None  # (B, K): the teacher's probabilities on the view shown
+            if probs is not None:
+                teacher = torch.where(view[:, :, 0, 0], probs[1][idx], probs[0][idx])
+            loss = step_loss(logits, labels[idx], cfg, teacher)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -243,16 +267,17 @@ def part_joint(specs: Sequence[ModuleSpec], train: Split, calib: Split, test: Sp
     """The modules trained together end to end (sum of the exits' losses), scored per exit."""
     torch.manual_seed(seed)
     net = joint_net(specs, train.images.shape[1], int(train.labels.max()) + 1)
-    batches = ImageBatches(train.images, train.labels, 128, mean=mean, std=std, shuffle=True,
-                           crop_padding=crop, flip=True, drop_last=True, seed=seed)
-    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    total, step = epochs * len(batches), 0
+    cfg = dataclasses.replace(recipe(epochs, seed), crop_padding=crop, flip=True)
+    batches = ImageBatches(train.images, train.labels, cfg.batch_size, mean=mean, std=std, shuffle=True,
+                           crop_padding=cfg.crop_padding, flip=cfg.flip, drop_last=True, seed=cfg.seed)
+    opt = make_optimizer(net, cfg)
+    step = 0
     start = time.perf_counter()
     for epoch in range(epochs):
         net.train()
         for x, y in batches.epoch(epoch):
             for group in opt.param_groups:
-                group["lr"] = cosine_lr(0.1, step, total)
+                group["lr"] = learning_rate(cfg, step, len(batches))
             loss = torch.zeros(())
             for module in net:
                 x, logits = module(x, NO_ARCH)
@@ -280,8 +305,8 @@ def part_joint(specs: Sequence[ModuleSpec], train: Split, calib: Split, test: Sp
 def distill_variants(teacher: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Soft | None]:
     """Part distill: module 1 with plain cross-entropy (the control) and distilled from the teacher."""
     return {"cross-entropy (control)": None,
-            "distilled from plain_large, weight 0.5, T 4": Soft(*teacher, weight=0.5, temperature=4.0),
-            "distilled from plain_large, weight 0.9, T 4": Soft(*teacher, weight=0.9, temperature=4.0)}
+            "distilled from plain_large, kd 0.5, T 4": Soft(*teacher, kd=0.5, temperature=4.0),
+            "distilled from plain_large, kd 0.9, T 4": Soft(*teacher, kd=0.9, temperature=4.0)}
 
 
 def part_distill(spec: ModuleSpec, raw: Views, teacher: tuple[torch.Tensor, torch.Tensor], n_classes: int,
@@ -313,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shift", type=int, default=1, help="random feature-map shift, in cells")
     p.add_argument("--baselines", type=Path, default=Path("models/baselines"),
                    help="part distill: the teacher (plain_large) comes from here")
-    p.add_argument("--out", type=Path, default=Path("docs/results/ceiling.json"))
+    p.add_argument("--out", type=Path, default=Path("bench/out/ceiling.json"))
     args = p.parse_args(argv)
     params = load_params(args.params)
     seed = int(params.get("seed", 0))

@@ -53,8 +53,11 @@ class TrainingDiverged(ValueError):
     """The training loss became NaN or infinite: the run stops instead of training on garbage."""
 
 
-def _optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
-    """Nesterov SGD; no weight decay on BatchNorm and biases (1-d), which it would only shrink."""
+def make_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
+    """The training recipe's optimizer for ``module``'s trainable parameters: SGD at ``cfg.lr`` with
+    ``cfg.momentum`` (Nesterov when > 0); ``cfg.weight_decay`` on the weights (ndim > 1), none on
+    BatchNorm and biases (1-d), which it would only shrink. The lr of each step is
+    :func:`pipeline.train.config.learning_rate`. Modules, baselines and the benches all use it."""
     params = [q for q in module.parameters() if q.requires_grad]
     decay = [q for q in params if q.ndim > 1]
     no_decay = [q for q in params if q.ndim <= 1]
@@ -183,7 +186,7 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
     params = LossParams(cost_of, cost_max, exit_saving, cfg.lam, cfg.mu, cfg.label_smoothing, cfg.lambda_c,
                          extremes=extremes, kd=cfg.kd, kd_temperature=cfg.kd_temperature)
     model = ProbModel.uniform(module.space) if supernet and cfg.sampler == "probmodel" else None
-    optimizer = _optimizer(module, cfg)
+    optimizer = make_optimizer(module, cfg)
     step_net = distributed.wrap(StepNet(module, cfg, params, rng), device, find_unused=supernet)
     history: list[dict[str, Any]] = []
     iterations: list[dict[str, Any]] = []

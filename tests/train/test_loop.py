@@ -12,9 +12,10 @@ from pipeline.models.cascade import CascadeSpec, build_modules, feature_shapes
 from pipeline.models.cost import fixed_macs, op_mac_table, path_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec
 from pipeline.search.probmodel import ProbModel
+from pipeline.train import loop
 from pipeline.train.config import TrainConfig, learning_rate
 from pipeline.train.data import ERASE_AREA, ImageBatches, random_crop, random_erase
-from pipeline.train.loop import TrainingDiverged, train_module
+from pipeline.train.loop import TrainingDiverged, make_optimizer, train_module
 from pipeline.train.paths import evaluate_path, module_outputs, recalibrate_batchnorm
 from pipeline.train.prefix import Prefix
 from pipeline.train.steps import distillation_loss, extreme_archs, soft_target_loss
@@ -203,6 +204,36 @@ def test_learning_rate_schedules() -> None:
     assert learning_rate(c, 39, 10) < 0.01
     step = dataclasses.replace(c, schedule="step", warmup_epochs=0)
     assert [learning_rate(step, i, 10) for i in (0, 19, 20, 30)] == pytest.approx([1.0, 1.0, 0.1, 0.01])
+
+
+def test_make_optimizer_spares_1d_parameters_from_weight_decay() -> None:
+    """The recipe's optimizer: weight decay on the weights (ndim > 1), none on BatchNorm and biases,
+    in that order; frozen parameters left out; Nesterov momentum; an empty group dropped."""
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.Flatten(),
+                              torch.nn.Linear(4, 2))
+    net[0].bias.requires_grad_(False)
+    opt = make_optimizer(net, cfg(lr=0.2, momentum=0.8, weight_decay=1e-3))
+    decay, no_decay = opt.param_groups
+    assert decay["params"] == [net[0].weight, net[3].weight] and decay["weight_decay"] == 1e-3
+    assert no_decay["params"] == [net[1].weight, net[1].bias, net[3].bias] and no_decay["weight_decay"] == 0.0
+    assert all(g["lr"] == 0.2 and g["momentum"] == 0.8 and g["nesterov"] for g in opt.param_groups)
+    only_1d = make_optimizer(torch.nn.BatchNorm2d(3), cfg(momentum=0.0))
+    assert [g["weight_decay"] for g in only_1d.param_groups] == [0.0]
+    assert not only_1d.param_groups[0]["nesterov"]
+
+
+def test_train_module_uses_make_optimizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = []
+
+    def spy(module: torch.nn.Module, config: TrainConfig) -> torch.optim.SGD:
+        made.append(make_optimizer(module, config))
+        return made[-1]
+
+    monkeypatch.setattr(loop, "make_optimizer", spy)
+    modules, _, _ = train(0, cfg(epochs=1))
+    assert len(made) == 1
+    trained = {id(q) for g in made[0].param_groups for q in g["params"]}
+    assert trained == {id(q) for q in modules[0].parameters()}
 
 
 def test_augmentation_is_deterministic_given_seed() -> None:
