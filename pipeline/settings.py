@@ -10,7 +10,7 @@ from dataclasses import make_dataclass
 from typing import Any
 
 from pipeline.params_schema import SCHEMA, TRAIN, _train_rules
-from pipeline.schema_keys import NO_DEFAULT, ParamsError, Section, check_section, value_problem
+from pipeline.schema_keys import NO_DEFAULT, Key, ParamsError, Section, check_section, value_problem
 
 # With its cross-key rules: SCHEMA's train section leaves them to each module's merged config.
 _SECTIONS = {"train": Section(TRAIN, rules=(_train_rules,))}
@@ -26,13 +26,26 @@ def section_problems(values: Any, name: str, label: str | None = None) -> list[s
     return check_section(values, spec, label or name)
 
 
+_PYTHON_TYPES: dict[str, Any] = {"int": int, "number": float, "bool": bool, "str": str}
+
+
+def annotation(key: Key) -> Any:
+    """The Python type of a schema key's values: ``int``, ``float | None``, ``list[str]``..."""
+    if key.type == "list":
+        base: Any = list[annotation(key.items)] if key.items is not None else list
+    else:
+        base = _PYTHON_TYPES[key.type]
+    return base | None if key.nullable or key.default is None else base
+
+
 @functools.cache
 def _settings_type(name: str) -> type:
-    """A frozen dataclass with one field per key of section ``name``, in schema order."""
+    """A frozen dataclass with one typed field per key of section ``name``, in schema order."""
     spec = SCHEMA[name]
     if not isinstance(spec, Section):
         raise ValueError(f"settings: params {name!r} is not a plain section")
-    return make_dataclass(f"{name.title()}Settings", [(key, Any) for key in spec.keys], frozen=True)
+    return make_dataclass(f"{name.title()}Settings", [(key, annotation(k)) for key, k in spec.keys.items()],
+                          frozen=True)
 
 
 def settings(params: Mapping[str, Any], name: str) -> Any:

@@ -138,3 +138,33 @@ def test_top_level_seed_refuses_bad_values_with_the_reason(value: object, messag
     with pytest.raises(ParamsError) as info:
         top_level({"seed": value}, "seed")
     assert info.value.problems == (message,)
+
+
+# --- typed fields -------------------------------------------------------------------------------------
+
+
+def _fits(value: object, annotated: object) -> bool:
+    import types
+    import typing
+    if isinstance(annotated, types.UnionType):
+        return any(_fits(value, a) for a in typing.get_args(annotated))
+    if annotated is type(None):
+        return value is None
+    if typing.get_origin(annotated) is list:
+        (item,) = typing.get_args(annotated)
+        return isinstance(value, list) and all(_fits(v, item) for v in value)
+    if annotated is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, annotated)  # type: ignore[arg-type]
+
+
+def test_settings_fields_are_typed_from_the_schema_and_the_params_fit_them() -> None:
+    from pipeline.config import load_params
+    params = load_params()
+    for name in ("data", "train", "select", "calibrate", "register", "baselines", "profile"):
+        view = settings(params, name)
+        for field in dataclasses.fields(view):
+            assert field.type is not object and str(field.type) != "typing.Any", (name, field.name)
+            assert _fits(getattr(view, field.name), field.type), (name, field.name, getattr(view, field.name))
+    typed = {f.name: f.type for f in dataclasses.fields(settings(params, "calibrate"))}
+    assert typed["budget_macs"] == float | None
