@@ -217,6 +217,27 @@ def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, x
             "rows": rows, "chosen_on_calib": None if chosen is None else chosen["policy"]}
 
 
+def load_workspace(params_path: Path, profile: Path, models: Path, data: Path,
+                   splits: tuple[str, ...] = SPLITS) -> tuple:
+    """(params, calibrate cfg, confidence kind, cost model, stages on their static choices, preprocessed
+    images per split, labels per split) of a workspace after `dvc repro`."""
+    params = load_params(params_path)
+    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
+           "ensemble_decays": [0.0], **section(params, "calibrate")}
+    kind = (params.get("model") or {}).get("confidence", "maxprob")
+    costs = CostModel(read_json(profile))
+    torch.manual_seed(0)
+    stages, infos = load_stages(models, costs, routing="testset")
+    meta = read_json(data / "meta.json")
+    cmeta = CascadeMeta(classes=tuple(meta["classes"]), image_shape=tuple(meta["image_shape"]),
+                        mean=infos[0].mean, std=infos[0].std, confidence_kind=kind)
+    xs, ys = {}, {}
+    for split in splits:
+        loaded = load_split(data, split)
+        xs[split], ys[split] = preprocess(loaded.images, cmeta), torch.from_numpy(loaded.labels).long()
+    return params, cfg, kind, costs, stages, xs, ys
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=Path, default=Path("models/modules"))
@@ -236,20 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modules", type=int, nargs="*", default=None, help="supernet modules to measure (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench/out/routing_headroom.json"))
     args = p.parse_args(argv)
-    params = load_params(args.params)
-    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
-           "ensemble_decays": [0.0], **section(params, "calibrate")}
-    kind = (params.get("model") or {}).get("confidence", "maxprob")
-    costs = CostModel(read_json(args.profile))
-    torch.manual_seed(0)
-    stages, infos = load_stages(args.models, costs, routing="testset")
-    meta = read_json(args.data / "meta.json")
-    cmeta = CascadeMeta(classes=tuple(meta["classes"]), image_shape=tuple(meta["image_shape"]),
-                        mean=infos[0].mean, std=infos[0].std, confidence_kind=kind)
-    xs, ys = {}, {}
-    for split in SPLITS:
-        data = load_split(args.data, split)
-        xs[split], ys[split] = preprocess(data.images, cmeta), torch.from_numpy(data.labels).long()
+    params, cfg, kind, costs, stages, xs, ys = load_workspace(args.params, args.profile, args.models, args.data)
     reports = []
     for k in range(1, costs.n_modules + 1):
         path = args.models / f"m{k}" / "select" / "selection.json"

@@ -1,0 +1,309 @@
+"""Is "which candidate will be right" predictable, and would more labelled images help? The limit
+behind per-image routing, measured apart from the cascade (issue 28).
+
+    python -m bench.routing_predictability --modules 2      # a workspace whose module 2 is a supernet
+
+Routing at module k can only gain on the images that reach it (the static twin's calib-fitted exits
+before k pass them) and on which the candidates disagree: one is right, the other wrong. Per
+candidate j this bench asks, on the `test` images that reach module k:
+
+- how many images routing could change at all: the candidates' exit-k accuracy, the share on which
+  candidate j and the twin disagree, and the oracle (any candidate right);
+- how well a learner, trained on labelled non-test images that reach module k, tells the
+  disagreements apart: the AUC of ``p_j(right) - p_twin(right)`` for "j right, twin wrong" against
+  "twin right, j wrong" (0.5: a coin), for learners from a confidence rule (no training) through
+  logistic regression to gradient-boosted trees, each on a growing training set (a quarter, half and
+  all of `route`'s reaching images, then `route` + `calib`): a curve that keeps rising says more
+  labelled data would help; a flat one near 0.5 says the input does not carry the answer;
+- what sending the top q of images by predicted gain to candidate j would do to exit k's accuracy
+  on those images, beside random sending of the same share and the oracle.
+
+Features per image: module k's input averaged over space (and over a 2x2 grid), exit k-1's class
+probabilities, their maximum and entropy: what the cascade has in hand before module k runs.
+Nothing is chosen here; `test` is only read. Writes bench/out/routing_predictability.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from bench.routing_headroom import (
+    SPLITS,
+    evaluate_policy,
+    exit_k_correct,
+    exit_probs_before,
+    features_before,
+    load_workspace,
+    reaching,
+    with_candidate,
+)
+from pipeline.io import read_json, write_json
+from pipeline.routing.fit import exit_outputs
+from pipeline.search.space import Arch
+
+SHARES = (0.1, 0.25, 0.5)
+
+
+def image_features(inputs: torch.Tensor, probs: torch.Tensor) -> np.ndarray:
+    """(N, F): the input averaged over space and over a 2x2 grid, exit k-1's probabilities, their
+    maximum and entropy."""
+    mean = inputs.mean(dim=(2, 3))
+    grid = torch.nn.functional.adaptive_avg_pool2d(inputs, 2).flatten(1)
+    p = probs.flatten(1)
+    entropy = -(p * p.clamp_min(1e-12).log()).sum(1, keepdim=True)
+    return torch.cat([mean, grid, p, p.max(1, keepdim=True).values, entropy], 1).numpy().astype(np.float64)
+
+
+def learners(seed: int) -> dict[str, Any]:
+    return {
+        "logistic": lambda: make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=5000)),
+        "boosted trees": lambda: HistGradientBoostingClassifier(
+            max_iter=150, learning_rate=0.05, max_leaf_nodes=8, l2_regularization=1.0, random_state=seed
+        ),
+    }
+
+
+def p_right(make, x_fit: np.ndarray, right_fit: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """(N, R) predicted chance that each candidate is right: one binary learner per candidate (a
+    constant where the training labels hold one class)."""
+    cols = []
+    for j in range(right_fit.shape[1]):
+        y = right_fit[:, j]
+        if y.min() == y.max():
+            cols.append(np.full(len(x), float(y[0])))
+            continue
+        cols.append(make().fit(x_fit, y).predict_proba(x)[:, 1])
+    return np.stack(cols, 1)
+
+
+def disagreement_auc(gain: np.ndarray, right: np.ndarray, j: int, twin: int) -> float | None:
+    """AUC of ``gain`` for "j right, twin wrong" against "twin right, j wrong" (None without both)."""
+    win = right[:, j] & ~right[:, twin]
+    lose = right[:, twin] & ~right[:, j]
+    mask = win | lose
+    if win.sum() == 0 or lose.sum() == 0:
+        return None
+    return float(roc_auc_score(win[mask], gain[mask]))
+
+
+def send_top(gain: np.ndarray, right: np.ndarray, j: int, twin: int, share: float) -> float:
+    """Exit-k accuracy on these images when the top ``share`` by ``gain`` go to j, the rest to the twin."""
+    n = len(gain)
+    top = np.argsort(-gain, kind="stable")[: int(round(share * n))]
+    answer = right[:, twin].copy()
+    answer[top] = right[top, j]
+    return float(answer.mean())
+
+
+def module_report(
+    k: int,
+    stages,
+    models: Path,
+    costs,
+    xs: dict,
+    ys: dict,
+    cfg: dict,
+    kind: str,
+    fractions: list[float],
+    seed: int,
+) -> dict[str, Any]:
+    splits = tuple(xs)  # SPLITS, and "train" with --with-train
+    selection = read_json(models / f"m{k}" / "select" / "selection.json")
+    archs = [Arch.from_key(key) for key in selection["candidates"]]
+    macs = [costs.macs(k, a) for a in archs]
+    twin = archs.index(Arch.from_key(selection["static"]))
+    outs = {
+        split: [
+            exit_outputs(with_candidate(stages, k, a, m), xs[split], kind)
+            for a, m in zip(archs, macs, strict=True)
+        ]
+        for split in splits
+    }
+    pinned = {split: torch.full((len(ys[split]),), twin, dtype=torch.long) for split in splits}
+    fitted = evaluate_policy("twin", pinned, outs, ys, cfg, kind, len(archs))
+    reach = {split: reaching(outs[split], twin, fitted, k, kind).numpy() for split in splits}
+    right = {
+        split: exit_k_correct(outs[split], ys[split], k, fitted["ensemble_decay"]).numpy()[reach[split]]
+        for split in splits
+    }
+    feats = {
+        split: image_features(features_before(stages, xs[split], k), exit_probs_before(stages, xs[split], k))[
+            reach[split]
+        ]
+        for split in splits
+    }
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(right["route"]))
+    sets = {f"route x{f:g}": order[: int(round(f * len(order)))] for f in fractions}
+    if min(len(right[split]) for split in splits) < 2:  # e.g. the twin's exits before k answer every image
+        return {
+            "module": k,
+            "candidates": [a.key() for a in archs],
+            "candidate_macs": macs,
+            "twin": twin,
+            "reaching": {split: int(reach[split].sum()) for split in splits},
+            "rows": [],
+            "note": f"too few images reach module {k} to route",
+        }
+    test_right = right["test"]
+    report: dict[str, Any] = {
+        "module": k,
+        "candidates": [a.key() for a in archs],
+        "candidate_macs": macs,
+        "twin": twin,
+        "reaching": {split: int(reach[split].sum()) for split in splits},
+        "exit_k_accuracy_reaching_test": test_right.mean(0).tolist(),
+        "oracle_reaching_test": float(test_right.any(1).mean()),
+        "disagree_with_twin_test": [
+            float((test_right[:, j] != test_right[:, twin]).mean()) for j in range(len(archs))
+        ],
+        "rows": [],
+    }
+    prev = exit_probs_before(stages, xs["test"], k).flatten(1).numpy()[reach["test"]]
+    for j in range(len(archs)):
+        if j == twin:
+            continue
+        # no training: a less confident exit k-1 sends the image to j
+        report["rows"].append(
+            {
+                "candidate": j,
+                "learner": "exit k-1 doubt (no training)",
+                "train": "-",
+                "train_images": 0,
+                "auc": disagreement_auc(-prev.max(1), test_right, j, twin),
+                "send_top": {f"{q:g}": send_top(-prev.max(1), test_right, j, twin, q) for q in SHARES},
+            }
+        )
+    runs = [(name, right["route"][idx], feats["route"][idx]) for name, idx in sets.items()]
+    runs.append(
+        (
+            "route + calib",
+            np.concatenate([right["route"], right["calib"]]),
+            np.concatenate([feats["route"], feats["calib"]]),
+        )
+    )
+    if "train" in right:  # the modules' own training images: 10x more, but seen in training (held in)
+        runs.append(("train (held in)", right["train"], feats["train"]))
+    for learner, make in learners(seed).items():
+        for name, r_fit, x_fit in runs:
+            p = p_right(make, x_fit, r_fit, feats["test"])
+            for j in range(len(archs)):
+                if j == twin:
+                    continue
+                gain = p[:, j] - p[:, twin]
+                report["rows"].append(
+                    {
+                        "candidate": j,
+                        "learner": learner,
+                        "train": name,
+                        "train_images": len(r_fit),
+                        "train_disagreements": int((r_fit[:, j] != r_fit[:, twin]).sum()),
+                        "auc": disagreement_auc(gain, test_right, j, twin),
+                        "send_top": {f"{q:g}": send_top(gain, test_right, j, twin, q) for q in SHARES},
+                    }
+                )
+    for j in range(len(archs)):
+        if j == twin:
+            continue
+        base, other = test_right[:, twin].mean(), test_right[:, j].mean()
+        report["rows"].append(
+            {
+                "candidate": j,
+                "learner": "random (expected)",
+                "train": "-",
+                "train_images": 0,
+                "auc": 0.5,
+                "send_top": {f"{q:g}": float((1 - q) * base + q * other) for q in SHARES},
+            }
+        )
+        report["rows"].append(
+            {
+                "candidate": j,
+                "learner": "oracle (reads labels)",
+                "train": "-",
+                "train_images": 0,
+                "auc": 1.0,
+                "send_top": {
+                    f"{q:g}": send_top(
+                        test_right[:, j].astype(float) - test_right[:, twin], test_right, j, twin, q
+                    )
+                    for q in SHARES
+                },
+            }
+        )
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", type=Path, default=Path("models/modules"))
+    p.add_argument("--data", type=Path, default=Path("data/prepared"))
+    p.add_argument("--profile", type=Path, default=Path("models/profile.json"))
+    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument(
+        "--fractions",
+        type=float,
+        nargs="+",
+        default=[0.25, 0.5, 1.0],
+        help="shares of route's reaching images to train on (then route + calib)",
+    )
+    p.add_argument(
+        "--with-train",
+        action="store_true",
+        help="also train the learners on the modules' own training images that reach module k "
+        "(many more, but held in: the candidates saw them, so their disagreements differ)",
+    )
+    p.add_argument("--modules", type=int, nargs="*", default=None, help="supernet modules (default: all)")
+    p.add_argument("--out", type=Path, default=Path("bench/out/routing_predictability.json"))
+    args = p.parse_args(argv)
+    params, cfg, kind, costs, stages, xs, ys = load_workspace(
+        args.params, args.profile, args.models, args.data, SPLITS + (("train",) if args.with_train else ())
+    )
+    reports = []
+    for k in range(2, costs.n_modules + 1):
+        path = args.models / f"m{k}" / "select" / "selection.json"
+        if (
+            not path.exists()
+            or len(read_json(path)["candidates"]) < 2
+            or (args.modules and k not in args.modules)
+        ):
+            continue
+        report = module_report(
+            k, stages, args.models, costs, xs, ys, cfg, kind, args.fractions, int(params.get("seed", 0))
+        )
+        if report.get("note"):
+            print(f"module {k}: reaching {report['reaching']}: {report['note']}")
+            reports.append(report)
+            continue
+        print(
+            f"module {k}: reaching {report['reaching']}; exit-{k} accuracy on reaching test images per "
+            f"candidate {[round(100 * a, 2) for a in report['exit_k_accuracy_reaching_test']]} "
+            f"(twin {report['twin']}), oracle {100 * report['oracle_reaching_test']:.2f}%"
+        )
+        for row in report["rows"]:
+            auc = "  -  " if row["auc"] is None else f"{row['auc']:.3f}"
+            sends = " ".join(f"{q}:{100 * a:.2f}" for q, a in row["send_top"].items())
+            print(
+                f"  cand {row['candidate']} {row['learner']:<28} {row['train']:<14} "
+                f"n={row['train_images']:<5} "
+                f"AUC {auc} | exit-{k} acc sending top share -> {sends}"
+            )
+        reports.append(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_json(args.out, {"modules": reports})
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
