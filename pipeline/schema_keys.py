@@ -61,6 +61,7 @@ class Key:
             what = ("a list of values from " + ", ".join(repr(c) for c in items.choices)
                     if items is not None and items.choices is not None
                     else "a list of ints" + _range_words(items) if items is not None and items.type == "int"
+                    else "a list of numbers" + _range_words(items) if items is not None and items.type == "number"
                     else f"a list of {items.wanted() if items else 'values'}")
             if self.unique:
                 what += ", without repeats"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ def load_module(directory: str | os.PathLike[str]) -> tuple[nn.Module, ModuleInf
         module.load_state_dict(torch.load(directory / "module.pt", weights_only=True))
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"trained module missing in {directory}: {exc.filename}") from None
-    except (RuntimeError, KeyError, ValueError) as exc:
+    except (RuntimeError, KeyError, ValueError, EOFError, OSError, pickle.UnpicklingError) as exc:
+        # an empty, truncated or foreign module.pt (FileNotFoundError is handled above)
         raise ValueError(f"trained module in {directory} is unreadable: {exc}") from None
     return module.eval(), info
