@@ -130,6 +130,12 @@ class BaselineConfig:
                            lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing)
 
 
+def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str]:
+    """(delta, grid, confidence kind) from `calibrate` and `model.confidence`, with calibrate's defaults."""
+    cal = settings(params, "calibrate")  # checked with the params file
+    return float(cal.delta), cal.grid, settings(params, "model").confidence
+
+
 # ----------------------------------------------------------------------------------------- training
 
 

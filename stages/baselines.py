@@ -20,6 +20,7 @@ from pipeline.baselines import (
     BaselineConfig,
     BaselinesMeta,
     PlainCNN,
+    calibration_settings,
     plain_macs,
     plain_outputs,
     save_baselines,
@@ -30,17 +31,10 @@ from pipeline.baselines import (
 )
 from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.io import atomic_path, load_split, read_json, write_json
-from pipeline.settings import settings
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 
 SEED_OFFSETS = {SMALL: 101, LARGE: 102}
-
-
-def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str]:
-    """(delta, grid, confidence kind) from `calibrate` and `model.confidence`, with calibrate's defaults."""
-    cal = settings(params, "calibrate")  # checked with the params file
-    return float(cal.delta), cal.grid, settings(params, "model").confidence
 
 
 @cli

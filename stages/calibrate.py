@@ -21,31 +21,11 @@ from pipeline.device import autocast, stages_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.routing.assemble import load_stages
-from pipeline.routing.engine import Stage
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
-from pipeline.routing.package import CascadeMeta, save_cascade
+from pipeline.routing.package import CascadeMeta, packaged, save_cascade
 from pipeline.routing.recognize import preprocess
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
-
-
-def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]:
-    out = []
-    for k, stage in enumerate(stages):
-        t = thresholds[k] if k < len(thresholds) else float("inf")
-        out.append(Stage(stage.module, stage.candidates, stage.candidate_macs, t, stage.predictor,
-                         stage.predictor_macs))
-    return out
-
-
-def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, fit_cfg: dict,
-             params: dict) -> tuple[list[Stage], CascadeMeta]:
-    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage) of one routing."""
-    info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
-            "params": {"calibrate": fit_cfg, "modules": params["modules"], "train": params["train"]}}
-    meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind,
-                       info=info, ensemble_decay=res["ensemble_decay"])
-    return with_thresholds(stages, res["thresholds"]), meta
 
 
 @cli
@@ -55,7 +35,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", type=Path, required=True, help="cost model JSON")
     p.add_argument("--models", type=Path, required=True, help="directory holding m1..mK module directories")
     p.add_argument("--out", type=Path, required=True, help="model directory of the calibrated cascade")
-    p.add_argument("--out-testset", type=Path, required=True, help="model directory of the calib-set-selection baseline")
+    p.add_argument("--out-testset", type=Path, required=True,
+                   help="model directory of the calib-set-selection baseline")
     p.add_argument("--out-fixed", type=Path, required=True,
                    help="model directory of the fixed-path baseline (every supernet on its default path)")
     p.add_argument("--out-fixed-at-macs", type=Path, required=True,
@@ -78,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run("calibrate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"calibrate": cfg, "confidence": kind}) as run:
         fixed_outputs = None
-        for routing, out in (("selected", args.out), ("testset", args.out_testset), ("default", args.out_fixed)):
+        routings = (("selected", args.out), ("testset", args.out_testset), ("default", args.out_fixed))
+        for routing, out in routings:
             stages, infos = load_stages(args.models, costs, routing=routing)
             stages = stages_to(stages, device)
             cmeta = CascadeMeta(classes=tuple(meta["classes"]), image_shape=tuple(meta["image_shape"]),
@@ -100,21 +82,25 @@ def main(argv: list[str] | None = None) -> None:
                                               budget_cfg, params))
         for out, stages, cmeta in packages.values():
             save_cascade(out, stages, cmeta)
-        metrics = {routing: {k: v for k, v in res.items() if k != "sweep"} for routing, res in results.items()}
+        metrics = {routing: {k: v for k, v in res.items() if k != "sweep"}
+                   for routing, res in results.items()}
         write_json(args.metrics, metrics)
         with atomic_path(args.plots, is_dir=True) as tmp:
             rows = [{"routing": routing, "accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
-                     "feasible": r.get("feasible", True), "thresholds": " ".join(f"{t:.4f}" for t in r["thresholds"])}
+                     "feasible": r.get("feasible", True),
+                     "thresholds": " ".join(f"{t:.4f}" for t in r["thresholds"])}
                     for routing, res in results.items() for r in res["sweep"]]
             pd.DataFrame(rows).to_csv(tmp / "sweep.csv", index=False)
         for routing, res in metrics.items():
-            run.log_metrics({f"{routing}_calib_accuracy": res["accuracy"], f"{routing}_calib_mean_macs": res["mean_macs"],
+            run.log_metrics({f"{routing}_calib_accuracy": res["accuracy"],
+                             f"{routing}_calib_mean_macs": res["mean_macs"],
                              f"{routing}_last_exit_accuracy": res["last_exit_accuracy"]})
         run.log_artifact(args.metrics)
     for routing, res in metrics.items():
         print(f"calibrate ({routing}): exit ensemble decay {res['ensemble_decay']:g}, "
               f"thresholds {[round(t, 4) for t in res['thresholds']]} -> calib accuracy "
-              f"{res['accuracy']:.4f} (last exit {res['last_exit_accuracy']:.4f}) at {res['mean_macs']:,.0f} MACs "
+              f"{res['accuracy']:.4f} (last exit {res['last_exit_accuracy']:.4f}) "
+              f"at {res['mean_macs']:,.0f} MACs "
               f"(last exit {res['last_exit_mean_macs']:,.0f}); exits {res['exit_counts']}")
 
 

@@ -19,6 +19,7 @@ from pipeline.baselines import (
     BaselinesMeta,
     PlainCNN,
     baseline_arrays,
+    calibration_settings,
     evaluate_baselines,
     load_baselines,
     plain_macs,
@@ -127,7 +128,8 @@ def test_config_defaults_and_train_config() -> None:
 
 
 def test_config_rejects_unknown_keys_naming_them() -> None:
-    with pytest.raises(ConfigError, match=r"baselines.widht is not a known key(.|\n)*baselines.lam is not a known key"):
+    with pytest.raises(ConfigError,
+                       match=r"baselines.widht is not a known key(.|\n)*baselines.lam is not a known key"):
         BaselineConfig.from_dict({"widht": 4, "lam": 0.5, "epochs": 2})
     with pytest.raises(ConfigError, match="baselines must be a mapping"):
         BaselineConfig.from_dict([1, 2])  # type: ignore[arg-type]
@@ -142,6 +144,20 @@ def test_config_rejects_unknown_keys_naming_them() -> None:
 def test_config_rejects_bad_values_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"params: baselines\.{key} must be"):
         BaselineConfig.from_dict({"small_width": 8, "large_width": 24, key: value})
+
+
+def test_calibration_settings_read_the_cascade_rule_with_its_defaults() -> None:
+    assert calibration_settings({}) == (0.003, 50, "maxprob")
+    delta, grid, kind = calibration_settings({"calibrate": {"delta": 0, "grid": 7, "reference": "last"},
+                                              "model": {"confidence": "margin"}})
+    assert (delta, grid, kind) == (0.0, 7, "margin") and isinstance(delta, float)
+
+
+def test_calibration_settings_refuse_bad_values_naming_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"calibrate\.delta must be in \[0, 1\), got -1"):
+        calibration_settings({"calibrate": {"delta": -1}})
+    with pytest.raises(ConfigError, match=r"model\.confidence must be one of"):
+        calibration_settings({"model": {"confidence": "entropy"}})
 
 
 # ----------------------------------------------------------------------------------------- threshold

@@ -209,6 +209,26 @@ def save_cascade(directory: str | os.PathLike[str], stages: Sequence[Stage], met
     return final
 
 
+def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]:
+    """Copies of ``stages`` with ``thresholds`` set in order; a stage past the list's end gets inf."""
+    out = []
+    for k, stage in enumerate(stages):
+        t = thresholds[k] if k < len(thresholds) else float("inf")
+        out.append(Stage(stage.module, stage.candidates, stage.candidate_macs, t, stage.predictor,
+                         stage.predictor_macs))
+    return out
+
+
+def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, fit_cfg: dict,
+             params: dict) -> tuple[list[Stage], CascadeMeta]:
+    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage) of one routing."""
+    info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
+            "params": {"calibrate": fit_cfg, "modules": params["modules"], "train": params["train"]}}
+    meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind,
+                       info=info, ensemble_decay=res["ensemble_decay"])
+    return with_thresholds(stages, res["thresholds"]), meta
+
+
 # ---------------------------------------------------------------------------------------------- load
 
 

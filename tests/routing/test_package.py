@@ -22,7 +22,9 @@ from pipeline.routing.package import (
     LoadedCascade,
     load_cascade,
     manifest_checksum,
+    packaged,
     save_cascade,
+    with_thresholds,
 )
 from pipeline.routing.predictor import Predictor
 from pipeline.routing.recognize import collect_image_paths, preprocess, recognize_arrays, recognize_files
@@ -153,7 +155,8 @@ def test_round_trip_gives_identical_predictions(saved: tuple[list[Stage], Path])
     assert [r["class_index"] for r in rows] == expected.pred.tolist()
     assert [r["exit"] for r in rows] == (expected.exit_index + 1).tolist()
     assert [r["macs"] for r in rows] == expected.macs.tolist()
-    assert {r["subnets"][0] for r in rows} == {"fixed"}  # module 1 is fixed: named so, in JSON as in the table
+    # module 1 is fixed: named so, in JSON as in the table
+    assert {r["subnets"][0] for r in rows} == {"fixed"}
     for row, choices in zip(rows, expected.choices.tolist(), strict=True):
         assert row["class_name"] == META.classes[row["class_index"]]
         assert row["subnets"] == [
@@ -250,7 +253,8 @@ CORRUPTIONS = {
     "no module weights": (lambda d: (d / "module_2.pt").unlink(), "module_2.pt"),
     "no predictor weights": (lambda d: (d / "predictor_2.pt").unlink(), "predictor_2.pt"),
     "truncated weights": (lambda d: (d / "module_3.pt").write_bytes(b"PK\x03\x04"), "module_3.pt"),
-    "wrong weights": (lambda d: _replace_weights(d, "module_2.pt", nn.Linear(3, 3).state_dict()), "module_2.pt"),
+    "wrong weights": (lambda d: _replace_weights(d, "module_2.pt", nn.Linear(3, 3).state_dict()),
+                      "module_2.pt"),
     "non-finite weights": (_nan_weights, "module_2.pt"),
     "edited, not resealed": (lambda d: _edit_manifest(d, lambda m: m["modules"][0].update(threshold=0.1),
                                                       reseal=False), MANIFEST),
@@ -350,7 +354,8 @@ def test_a_cost_priced_predictor_keeps_its_price_through_the_package(tmp_path: P
                        scoring="p_right", offsets=[0.0, -0.35])
     with torch.no_grad():
         priced.fc2.weight *= 20
-    stages[1] = build_stage(routed.module, feature_shapes(SPEC)[1], routed.candidates, routed.threshold, priced)
+    stages[1] = build_stage(routed.module, feature_shapes(SPEC)[1], routed.candidates, routed.threshold,
+                            priced)
     directory = save_cascade(tmp_path / "model", stages, META)
     entry = json.loads((directory / MANIFEST).read_text())["modules"][1]
     assert entry["predictor"]["scoring"] == "p_right"
@@ -360,3 +365,40 @@ def test_a_cost_priced_predictor_keeps_its_price_through_the_package(tmp_path: P
     expected, got = run_cascade(stages, x), run_cascade(loaded.stages, x)
     assert torch.equal(got.choices, expected.choices) and torch.equal(got.pred, expected.pred)
     assert torch.equal(loaded.stages[1].predictor.offsets, torch.tensor([0.0, -0.35]))
+
+
+# ------------------------------------------------------------------------------ fitted thresholds
+
+
+def test_with_thresholds_sets_them_in_order_and_leaves_the_rest() -> None:
+    stages = tiny_stages()
+    out = with_thresholds(stages, [0.25, 0.75])
+    assert [s.threshold for s in out] == [0.25, 0.75, float("inf")]  # past the list: never exits early
+    assert [s.threshold for s in stages] == list(THRESHOLDS)  # the originals are untouched
+    for old, new in zip(stages, out, strict=True):
+        assert new is not old and new.module is old.module and new.predictor is old.predictor
+        assert (new.candidates, new.candidate_macs, new.predictor_macs) == (
+            old.candidates, old.candidate_macs, old.predictor_macs)
+    assert [s.threshold for s in with_thresholds(stages, [0.1, 0.2, 0.3, 0.4])] == [0.1, 0.2, 0.3]
+
+
+def test_packaged_carries_the_fit_and_its_lineage_through_the_model_directory(tmp_path: Path) -> None:
+    res = {"thresholds": [0.5, 0.55], "ensemble_decay": 0.25, "accuracy": 0.8, "mean_macs": 1000.0,
+           "sweep": [{"accuracy": 0.7}]}
+    fit_cfg = {"mode": "delta", "delta": 0.01, "grid": 5}
+    params = {"modules": {"m1": {"after": "data/prepared"}}, "train": {"epochs": 1}, "seed": 3}
+    stages, meta = packaged(tiny_stages(), META, res, "selected", fit_cfg, params)
+    assert [s.threshold for s in stages] == [0.5, 0.55, float("inf")]
+    assert meta.info == {"routing": "selected",
+                         "calibrate": {"thresholds": [0.5, 0.55], "ensemble_decay": 0.25, "accuracy": 0.8,
+                                       "mean_macs": 1000.0},
+                         "params": {"calibrate": fit_cfg, "modules": params["modules"],
+                                    "train": params["train"]}}
+    assert meta.ensemble_decay == 0.25
+    assert (meta.classes, meta.image_shape, meta.mean, meta.std, meta.confidence_kind) == (
+        META.classes, META.image_shape, META.mean, META.std, META.confidence_kind)
+    loaded = load_cascade(save_cascade(tmp_path / "model", stages, meta))
+    assert [s.threshold for s in loaded.stages[:-1]] == [0.5, 0.55]
+    assert loaded.meta.info == meta.info and loaded.meta.ensemble_decay == 0.25
+    with pytest.raises(KeyError, match="modules"):
+        packaged(tiny_stages(), META, res, "selected", fit_cfg, {"train": {}})
