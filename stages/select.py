@@ -15,15 +15,13 @@ from pipeline.device import autocast, cpu_state_dict, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
-from pipeline.settings import settings
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.features import candidate_outputs, split_features
-from pipeline.routing.predictor import predictor_macs
-from pipeline.routing.rules import predictor_pays, static_choice
-from pipeline.routing.selection import PredictorConfig, fit_predictor
+from pipeline.routing.selection import PredictorConfig, routed_selection, static_selection
 from pipeline.search.space import Arch
+from pipeline.settings import settings
 from pipeline.tracking import stage_run
-from stages.common import StageFailed, cli, module_number, params_of, parser
+from stages.common import cli, module_number, params_of, parser
 
 MODES = ("predictor", "testset")
 
@@ -57,12 +55,7 @@ def main(argv: list[str] | None = None) -> None:
                                       precision=compute.precision)
     with autocast(device, compute.precision):
         c_correct, _, _ = candidate_outputs(module, calib_h, calib_y, archs)
-    static = static_choice(c_correct.double().mean(0).tolist(), macs, delta)
-    selection = {"module": k, "mode": mode, "candidates": [a.key() for a in archs], "candidate_macs": macs,
-                 "static": archs[static].key(), "static_calib_acc": float(c_correct[:, static].float().mean()),
-                 "calib_acc": c_correct.float().mean(0).tolist(), "predictor": None}
-    metrics = {"candidates": len(archs), "static_calib_acc": selection["static_calib_acc"],
-               "static_macs": macs[static]}
+    selection, metrics, static = static_selection(k, mode, archs, macs, c_correct, delta)
     with stage_run(f"select@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"select": dict(s), "module": k}) as run, \
             atomic_path(args.models / name / "select", is_dir=True) as tmp:
@@ -73,33 +66,11 @@ def main(argv: list[str] | None = None) -> None:
                                               precision=compute.precision)
             with autocast(device, compute.precision):
                 r_correct, r_p_true, _ = candidate_outputs(module, route_h, route_y, archs)
-            fitted = fit_predictor(route_h, r_correct, r_p_true, macs, static, PredictorConfig(
-                scoring=scoring, hidden=hidden, pool=pool, epochs=epochs, balanced=cfg.balanced,
-                seed=seed + k, tolerance=fallback_tolerance))
-            predictor, held_choice, n_fit = fitted.predictor, fitted.held_choice, fitted.n_fit
-            rows = torch.arange(len(held_choice))
-            routed_right = float(r_correct[n_fit:][rows, held_choice].float().mean())
-            p_macs = predictor_macs(predictor, tuple(route_h.shape[1:]))
-            if p_macs > max_share * min(macs):
-                raise StageFailed(f"select@{name}: predictor costs {p_macs:,} MACs, over {max_share:.0%} of the "
-                                  f"cheapest candidate ({min(macs):,}); lower select.hidden or select.pool")
+            selection, metrics, predictor = routed_selection(
+                selection, metrics, static, route_h, r_correct, r_p_true, macs, PredictorConfig(
+                    scoring=scoring, hidden=hidden, pool=pool, epochs=epochs, balanced=cfg.balanced,
+                    seed=seed + k, tolerance=fallback_tolerance), max_share, name)
             torch.save(cpu_state_dict(predictor), tmp / "predictor.pt")
-            selection["predictor"] = {"in_channels": int(route_h.shape[1]), "num_candidates": len(archs),
-                                      "hidden": hidden, "pool": pool, "macs": p_macs}
-            if scoring != "label":
-                selection["predictor"].update(scoring=scoring, offsets=predictor.offsets.tolist())
-            held_static = r_correct[n_fit:, static].float().mean().item()
-            held_macs = float(torch.tensor(macs, dtype=torch.float64)[held_choice].mean()) + p_macs
-            keep = predictor_pays(routed_right, held_macs, held_static, macs[static], fallback_tolerance)
-            if not keep:  # degrade gracefully: the static choice serves, the predictor stays for ablations
-                selection["mode"] = "testset"
-            metrics.update({"predictor_used": keep, "static_acc_heldout": held_static,
-                            "predictor_mean_macs_heldout": held_macs})
-            found = dict(fitted.metrics)  # label: label accuracy and share; p_right: price and right shares
-            metrics.update({key: found.pop(key) for key in ("predictor_label_acc_heldout",) if key in found})
-            metrics.update({"predictor_routed_acc_heldout": routed_right, "predictor_macs": p_macs,
-                            "predictor_macs_share": p_macs / min(macs), **found,
-                            "predictor_fit_acc": fitted.history["accuracy"][-1] if fitted.history["accuracy"] else None})
         write_json(tmp / "selection.json", selection)
         write_json(args.metrics, metrics)
         run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})

@@ -18,8 +18,16 @@ from typing import Any
 
 import torch
 
-from pipeline.routing.predictor import Predictor, priced_offsets, train_p_right, train_predictor
-from pipeline.routing.rules import predictor_labels
+from pipeline.choices import ConfigError
+from pipeline.routing.predictor import (
+    Predictor,
+    predictor_macs,
+    priced_offsets,
+    train_p_right,
+    train_predictor,
+)
+from pipeline.routing.rules import predictor_labels, predictor_pays, static_choice
+from pipeline.search.space import Arch
 
 PRICES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # p_right: candidate cost prices tried on held-out route
 
@@ -96,3 +104,53 @@ def fit_predictor(features: torch.Tensor, correct: torch.Tensor, p_true: torch.T
     predictor.with_offsets(priced_offsets(price, macs))
     return FittedPredictor(predictor, choices[price], n_fit, history, {
         "predictor_price": price, "p_right_share": [round(v, 4) for v in history["label_share"]]})
+
+
+def static_selection(k: int, mode: str, archs: Sequence[Arch], macs: Sequence[int], c_correct: torch.Tensor,
+                     delta: float) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """Claim 8 for module ``k``: ``selection.json``'s content with the static choice on `calib` (the
+    cheapest candidate within ``delta`` of the most accurate, from each candidate's exit answers
+    ``c_correct`` (N, R)), the stage's metrics of it, and the static candidate's index."""
+    static = static_choice(c_correct.double().mean(0).tolist(), list(macs), delta)
+    selection = {"module": k, "mode": mode, "candidates": [a.key() for a in archs], "candidate_macs": list(macs),
+                 "static": archs[static].key(), "static_calib_acc": float(c_correct[:, static].float().mean()),
+                 "calib_acc": c_correct.float().mean(0).tolist(), "predictor": None}
+    metrics = {"candidates": len(archs), "static_calib_acc": selection["static_calib_acc"],
+               "static_macs": macs[static]}
+    return selection, metrics, static
+
+
+def routed_selection(selection: dict[str, Any], metrics: dict[str, Any], static: int, route_h: torch.Tensor,
+                     r_correct: torch.Tensor, r_p_true: torch.Tensor, macs: Sequence[int], cfg: PredictorConfig,
+                     max_share: float, name: str) -> tuple[dict[str, Any], dict[str, Any], Predictor]:
+    """Claim 7 on top of :func:`static_selection`'s result: the predictor fitted on `route`
+    (``route_h`` (N, C, H, W), the candidates' answers ``r_correct`` / ``r_p_true`` (N, R)), judged on
+    the held-out fifth; it serves only where ``rules.predictor_pays`` (else ``mode`` falls back to
+    ``testset``). Returns new selection and metrics and the predictor (saved either way, for ablations).
+    A predictor over ``max_share`` of the cheapest candidate's MACs is a :class:`ConfigError`."""
+    selection, metrics = dict(selection), dict(metrics)
+    fitted = fit_predictor(route_h, r_correct, r_p_true, macs, static, cfg)
+    predictor, held_choice, n_fit = fitted.predictor, fitted.held_choice, fitted.n_fit
+    rows = torch.arange(len(held_choice))
+    routed_right = float(r_correct[n_fit:][rows, held_choice].float().mean())
+    p_macs = predictor_macs(predictor, tuple(route_h.shape[1:]))
+    if p_macs > max_share * min(macs):
+        raise ConfigError(f"select@{name}: predictor costs {p_macs:,} MACs, over {max_share:.0%} of the "
+                          f"cheapest candidate ({min(macs):,}); lower select.hidden or select.pool")
+    selection["predictor"] = {"in_channels": int(route_h.shape[1]), "num_candidates": len(macs),
+                              "hidden": cfg.hidden, "pool": cfg.pool, "macs": p_macs}
+    if cfg.scoring != "label":
+        selection["predictor"].update(scoring=cfg.scoring, offsets=predictor.offsets.tolist())
+    held_static = r_correct[n_fit:, static].float().mean().item()
+    held_macs = float(torch.tensor(macs, dtype=torch.float64)[held_choice].mean()) + p_macs
+    keep = predictor_pays(routed_right, held_macs, held_static, macs[static], cfg.tolerance)
+    if not keep:  # degrade gracefully: the static choice serves, the predictor stays for ablations
+        selection["mode"] = "testset"
+    metrics.update({"predictor_used": keep, "static_acc_heldout": held_static,
+                    "predictor_mean_macs_heldout": held_macs})
+    found = dict(fitted.metrics)  # label: label accuracy and share; p_right: price and right shares
+    metrics.update({key: found.pop(key) for key in ("predictor_label_acc_heldout",) if key in found})
+    metrics.update({"predictor_routed_acc_heldout": routed_right, "predictor_macs": p_macs,
+                    "predictor_macs_share": p_macs / min(macs), **found,
+                    "predictor_fit_acc": fitted.history["accuracy"][-1] if fitted.history["accuracy"] else None})
+    return selection, metrics, predictor

@@ -3,7 +3,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.routing.selection import PRICES, PredictorConfig, choose_price, fit_predictor
+from pipeline.choices import ConfigError
+from pipeline.routing.selection import (
+    PRICES,
+    PredictorConfig,
+    choose_price,
+    fit_predictor,
+    routed_selection,
+    static_selection,
+)
+from pipeline.search.space import Arch
 
 
 def test_choose_price_is_the_cheapest_as_accurate_as_the_floor_within_budget() -> None:
@@ -49,3 +58,38 @@ def test_the_label_predictor_trains_on_the_cheapest_right_candidate() -> None:
     assert fitted.predictor.scoring == "label" and set(fitted.metrics) == {"predictor_label_acc_heldout",
                                                                           "label_share"}
     assert fitted.metrics["predictor_label_acc_heldout"] > 0.9
+
+
+ARCHS = [Arch.from_key("op@l1=skip"), Arch.from_key("op@l1=conv3")]
+
+
+def test_static_selection_is_the_cheapest_within_delta_and_says_so() -> None:
+    c_correct = torch.tensor([[1, 1], [1, 1], [0, 1], [1, 1]], dtype=torch.bool)  # 75% and 100% right
+    selection, metrics, static = static_selection(2, "predictor", ARCHS, [100, 1000], c_correct, delta=0.3)
+    assert static == 0 and selection["static"] == "op@l1=skip" and selection["predictor"] is None
+    assert list(selection) == ["module", "mode", "candidates", "candidate_macs", "static", "static_calib_acc",
+                               "calib_acc", "predictor"]  # selection.json's key order
+    assert selection["calib_acc"] == [0.75, 1.0] and metrics == {"candidates": 2, "static_calib_acc": 0.75,
+                                                                  "static_macs": 100}
+    _, _, strict = static_selection(2, "predictor", ARCHS, [100, 1000], c_correct, delta=0.1)
+    assert strict == 1
+
+
+def test_routed_selection_serves_a_predictor_that_pays_and_falls_back_otherwise() -> None:
+    features, correct = routed_task(600, seed=0)
+    selection, metrics, static = static_selection(3, "predictor", ARCHS, [1000, 10000], correct, delta=0.0)
+    assert static == 1
+    cfg = PredictorConfig(scoring="p_right", epochs=30, seed=1)
+    routed, routed_metrics, predictor = routed_selection(selection, metrics, static, features, correct,
+                                                         correct.float(), [1000, 10000], cfg, 0.5, "m3")
+    assert selection["predictor"] is None and "predictor_used" not in metrics  # inputs untouched
+    assert routed_metrics["predictor_used"] is True and routed["mode"] == "predictor"
+    assert routed["predictor"]["num_candidates"] == 2 and routed["predictor"]["scoring"] == "p_right"
+    assert routed_metrics["predictor_mean_macs_heldout"] < 10000
+    noise = torch.rand(features.shape, generator=torch.Generator().manual_seed(3))  # features carry nothing
+    _, unpaid, _ = routed_selection(selection, metrics, static, noise, correct, correct.float(), [1000, 10000],
+                                    cfg, 0.5, "m3")
+    assert unpaid["predictor_used"] is False
+    with pytest.raises(ConfigError, match="select@m3: predictor costs .* lower select.hidden or select.pool"):
+        routed_selection(selection, metrics, static, features, correct, correct.float(), [1000, 10000], cfg,
+                         1e-6, "m3")
