@@ -107,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         help="the calibrate stage's metrics: exit 1's threshold of the selected cascade",
     )
     p.add_argument("--groups", type=int, default=3)
+    p.add_argument(
+        "--train-by",
+        choices=("class", "answer"),
+        default="class",
+        help="each specialist's training images: those of its group's classes, or those exit 1 "
+        "answers with one of them (the images the router will send it, misrouted ones included)",
+    )
     p.add_argument("--epochs", type=int, default=0, help="epochs per module 2 (0: the params' own)")
     p.add_argument("--max-train", type=int, default=0, help="first N training images only (0: all)")
     p.add_argument("--shift", type=int, default=2, help="random feature-map shift, in cells")
@@ -160,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     generalist, g_seconds = trained(None, 0)
     candidates["generalist (same recipe, every image)"] = generalist
-    train_group = group_of(ys["train"], groups)
+    if args.train_by == "class":
+        train_group = group_of(ys["train"], groups)
+    else:  # exit 1's answer on each (unflipped) training image
+        train_group = group_of(run_batched(m1, raw.train)[1].argmax(-1), groups)
     specialists, s_seconds = [], 0.0
     for i in range(len(groups)):
         outs, seconds = trained(train_group == i, 1 + i)
