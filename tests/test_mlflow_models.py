@@ -110,8 +110,14 @@ def test_download_refuses_a_store_that_does_not_exist(tmp_path: Path,
 def test_versions_tags_aliases_and_downloads_on_an_embedded_store(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    # register_version and the download resolve the registry through MLflow's global URI: the variable
+    # register_version and the download resolve the registry through MLflow's global URI, which a stage
+    # run sets (tracking.stage_run) and which outlives it in this process: point it here, as a stage would
+    import mlflow.tracking._model_registry.utils as registry_utils
+    import mlflow.tracking._tracking_service.utils as tracking_utils
+
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(tracking_utils, "_tracking_uri", uri)
+    monkeypatch.setattr(registry_utils, "_registry_uri", uri)
     source = tmp_path / "model"
     source.mkdir()
     (source / "cascade.json").write_text('{"a": 1}\n')
