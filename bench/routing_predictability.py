@@ -64,6 +64,21 @@ def image_features(inputs: torch.Tensor, probs: torch.Tensor) -> np.ndarray:
     return torch.cat([mean, grid, p, p.max(1, keepdim=True).values, entropy], 1).numpy().astype(np.float64)
 
 
+def pooled(maps: torch.Tensor) -> np.ndarray:
+    """(N, 5C): a feature map averaged over space and over a 2x2 grid."""
+    grid = torch.nn.functional.adaptive_avg_pool2d(maps, 2).flatten(1)
+    return torch.cat([maps.mean(dim=(2, 3)), grid], 1).numpy().astype(np.float64)
+
+
+def transition_output(stages, k: int, inputs: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
+    """Module k's shared stem (its transition, which every candidate runs first) on its input."""
+    stem = stages[k - 1].module.transition
+    with torch.inference_mode():
+        return torch.cat(
+            [stem(inputs[i : i + batch_size]) for i in range(0, len(inputs), batch_size)]
+        ).float()
+
+
 def learners(seed: int) -> dict[str, Any]:
     return {
         "logistic": lambda: make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=5000)),
@@ -116,6 +131,7 @@ def module_report(
     kind: str,
     fractions: list[float],
     seed: int,
+    with_transition: bool = False,
 ) -> dict[str, Any]:
     splits = tuple(xs)  # SPLITS, and "train" with --with-train
     selection = read_json(models / f"m{k}" / "select" / "selection.json")
@@ -136,12 +152,13 @@ def module_report(
         split: exit_k_correct(outs[split], ys[split], k, fitted["ensemble_decay"]).numpy()[reach[split]]
         for split in splits
     }
-    feats = {
-        split: image_features(features_before(stages, xs[split], k), exit_probs_before(stages, xs[split], k))[
-            reach[split]
-        ]
-        for split in splits
-    }
+    feats = {}
+    for split in splits:
+        inputs = features_before(stages, xs[split], k)
+        f = image_features(inputs, exit_probs_before(stages, xs[split], k))
+        if with_transition:  # free: every candidate computes it before it branches
+            f = np.concatenate([f, pooled(transition_output(stages, k, inputs))], 1)
+        feats[split] = f[reach[split]]
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(right["route"]))
     sets = {f"route x{f:g}": order[: int(round(f * len(order)))] for f in fractions}
@@ -263,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also train the learners on the modules' own training images that reach module k "
         "(many more, but held in: the candidates saw them, so their disagreements differ)",
     )
+    p.add_argument(
+        "--with-transition",
+        action="store_true",
+        help="also give the learners module k's transition output (its shared stem, pooled), which every "
+        "candidate computes before the paths branch",
+    )
     p.add_argument("--modules", type=int, nargs="*", default=None, help="supernet modules (default: all)")
     p.add_argument("--out", type=Path, default=Path("bench/out/routing_predictability.json"))
     args = p.parse_args(argv)
@@ -279,7 +302,17 @@ def main(argv: list[str] | None = None) -> int:
         ):
             continue
         report = module_report(
-            k, stages, args.models, costs, xs, ys, cfg, kind, args.fractions, int(params.get("seed", 0))
+            k,
+            stages,
+            args.models,
+            costs,
+            xs,
+            ys,
+            cfg,
+            kind,
+            args.fractions,
+            int(params.get("seed", 0)),
+            args.with_transition,
         )
         if report.get("note"):
             print(f"module {k}: reaching {report['reaching']}: {report['note']}")
@@ -300,7 +333,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         reports.append(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_json(args.out, {"modules": reports})
+    write_json(
+        args.out, {"modules": reports, "with_train": args.with_train, "with_transition": args.with_transition}
+    )
     print(f"wrote {args.out}")
     return 0
 

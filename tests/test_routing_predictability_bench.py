@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.routing_predictability import disagreement_auc, image_features, learners, p_right, send_top
+from bench.routing_predictability import disagreement_auc, image_features, learners, p_right, pooled, send_top
 
 # 6 images, candidates (twin 0, other 1): images 0-1 only the other is right, 2-3 only the twin, 4-5 both
 RIGHT = np.array([[0, 1], [0, 1], [1, 0], [1, 0], [1, 1], [1, 1]], dtype=bool)
@@ -47,3 +47,11 @@ def test_image_features_are_pooled_input_grid_probabilities_max_and_entropy() ->
     assert f[0, 0] == pytest.approx(inputs[0, 0].mean().item())
     assert f[:, -2].tolist() == [0.5, 1.0]
     assert f[0, -1] == pytest.approx(np.log(2)) and f[1, -1] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_pooled_is_the_spatial_mean_then_the_2x2_grid() -> None:
+    maps = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).reshape(2, 3, 4, 4)
+    f = pooled(maps)
+    assert f.shape == (2, 3 + 12)
+    assert f[1, 2] == pytest.approx(maps[1, 2].mean().item())
+    assert f[0, 3] == pytest.approx(maps[0, 0, :2, :2].mean().item())  # channel 0's top-left cell
