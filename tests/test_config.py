@@ -115,3 +115,22 @@ def test_a_batch_no_machine_can_hold_is_refused_up_front():
     params["train"]["batch_size"] = 10**12
     with pytest.raises(ConfigError, match=r"train\.batch_size"):
         check_params(params)
+
+
+def test_typed_config_defaults_are_the_schemas() -> None:
+    """TrainConfig and BaselineConfig keep dataclass defaults (for direct construction in code and tests);
+    they must be the schema's, which params.yaml's absent keys get, so the two cannot drift apart."""
+    import dataclasses
+
+    from pipeline.baselines import BaselineConfig
+    from pipeline.params_schema import SCHEMA
+    from pipeline.schema_keys import NO_DEFAULT
+    from pipeline.train.config import TrainConfig
+
+    for cls, name in ((TrainConfig, "train"), (BaselineConfig, "baselines")):
+        keys = SCHEMA[name].keys
+        for f in dataclasses.fields(cls):
+            assert f.name in keys, f"{cls.__name__}.{f.name} is not a key of the schema's {name} section"
+            if f.default is dataclasses.MISSING or keys[f.name].default is NO_DEFAULT:
+                continue
+            assert f.default == keys[f.name].default, (cls.__name__, f.name, f.default, keys[f.name].default)
