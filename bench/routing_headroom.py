@@ -238,12 +238,19 @@ def load_workspace(params_path: Path, profile: Path, models: Path, data: Path,
     return params, cfg, kind, costs, stages, xs, ys
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def workspace_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser with the workspace's paths (``--models --data --profile --params``, read by
+    :func:`load_workspace`), defaults as after `dvc repro` in the repository root."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=Path, default=Path("models/modules"))
     p.add_argument("--data", type=Path, default=Path("data/prepared"))
     p.add_argument("--profile", type=Path, default=Path("models/profile.json"))
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = workspace_parser(__doc__)
     p.add_argument("--pools", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--prices", type=float, nargs="+", default=[0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 1.0])
     p.add_argument("--epochs", type=int, default=30)

@@ -25,7 +25,6 @@ Nothing is chosen here; `test` is only read. Writes bench/out/routing_predictabi
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,7 @@ from bench.routing_headroom import (
     load_workspace,
     reaching,
     with_candidate,
+    workspace_parser,
 )
 from pipeline.io import read_json, write_json
 from pipeline.routing.fit import exit_outputs
@@ -262,11 +262,7 @@ def module_report(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", type=Path, default=Path("models/modules"))
-    p.add_argument("--data", type=Path, default=Path("data/prepared"))
-    p.add_argument("--profile", type=Path, default=Path("models/profile.json"))
-    p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p = workspace_parser(__doc__)
     p.add_argument(
         "--fractions",
         type=float,
