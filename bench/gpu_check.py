@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from pipeline.config import ConfigError, DataConfig, ModelConfig, deep_merge, load_params, section
+from pipeline.data.input_shape import resolve_input
 from pipeline.device import device_name, resolve_device
 from pipeline.models.cascade import build_modules, feature_shapes
 from pipeline.models.cost import fixed_macs, op_mac_table
@@ -75,8 +76,9 @@ def load_images(data: Path, params: dict[str, Any], max_images: int, seed: int
         classes = len(json.loads(meta.read_text())["classes"]) if meta.is_file() else int(labels.max()) + 1
         return images, labels, classes, str(path)
     cfg = DataConfig.from_params(params)
+    choice = resolve_input(cfg.source, cfg.image_size, cfg.channels)  # `auto` read from the data
     rng = np.random.default_rng(seed)
-    shape = (max_images, cfg.channels, cfg.image_size, cfg.image_size)
+    shape = (max_images, choice.channels, choice.image_size, choice.image_size)
     return (rng.integers(0, 256, shape, dtype=np.uint8), rng.integers(0, 10, max_images).astype(np.int64), 10,
             "random")
 

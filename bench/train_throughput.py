@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from pipeline.config import DataConfig, ModelConfig, deep_merge, load_params
+from pipeline.data.input_shape import resolve_input
 from pipeline.device import MEMORY_FORMATS
 from pipeline.models.cascade import build_modules, feature_shapes
 from pipeline.models.cost import count_macs
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench/out/train_throughput.json"))
     args = p.parse_args(argv)
     params = load_params(args.params)
-    data, model = DataConfig.from_params(params), ModelConfig.from_params(params)
+    cfg, model = DataConfig.from_params(params), ModelConfig.from_params(params)
+    data = resolve_input(cfg.source, cfg.image_size, cfg.channels)  # `auto` read from the data
     spec = model.cascade_spec(data.channels, 10, data.image_size)
     shapes = feature_shapes(spec)
     rows = []

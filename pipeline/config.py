@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -102,8 +103,8 @@ def _build(cls: type, checked: Any, **extra: Any) -> Any:
 @dataclass(frozen=True)
 class DataConfig:
     source: str
-    image_size: int
-    channels: int
+    image_size: int | str  # "auto": read from the data (pipeline.data.input_shape)
+    channels: int | str
     val_fraction: float
     route_fraction: float
     test_fraction: float
@@ -155,6 +156,9 @@ class TrackingConfig:
         return _build(cls, settings(params, "tracking"))
 
 
+STRIDE_ABOVE = 32  # images larger than this (px) enter module 1 at stride 2 (ModelConfig.for_input)
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The cascade's modules ``m1..mK`` (their ``spec``) and how confidence is read off an exit."""
@@ -179,10 +183,19 @@ class ModelConfig:
         confidence = settings(params, "model").confidence
         return cls(names, tuple(specs), confidence)
 
+    def for_input(self, image_size: int) -> ModelConfig:
+        """The modules for images of ``image_size`` px: above ``STRIDE_ABOVE``, module 1 enters at stride 2
+        (its transition halves the side, so 48 px costs what 24 px does) unless its spec already strides;
+        at or below it, the specs as params give them. Profile and train build from this one rule."""
+        first = self.specs[0]
+        if image_size <= STRIDE_ABOVE or first.stride != 1:
+            return self
+        return dataclasses.replace(self, specs=(dataclasses.replace(first, stride=2), *self.specs[1:]))
+
     def cascade_spec(self, in_channels: int, num_classes: int, image_size: int) -> Any:
         from pipeline.models.cascade import CascadeSpec
 
-        return CascadeSpec(in_channels, num_classes, image_size, self.specs)
+        return CascadeSpec(in_channels, num_classes, image_size, self.for_input(image_size).specs)
 
 
 @dataclass(frozen=True)

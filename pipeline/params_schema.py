@@ -60,8 +60,9 @@ SOURCE_PATTERN = r"fashion-mnist(:.+)?|idx:.+|imagefolder:.+|digits"  # pipeline
 DATA = {
     "source": Str(required=True, pattern=SOURCE_PATTERN,
                   pattern_doc="fashion-mnist, fashion-mnist:<dir>, idx:<dir>, imagefolder:<dir> or digits"),
-    "image_size": Int(required=True, ge=4, le=512),
-    "channels": Int(choices=(1, 3), default=1),
+    "image_size": Int(required=True, ge=4, le=512, auto=True,
+                      doc="auto: the images' median shorter side, at most 64 (pipeline.data.input_shape)"),
+    "channels": Int(choices=(1, 3), default=1, auto=True, doc="auto: 3 if the images carry colour, else 1"),
     "val_fraction": Fraction(required=True),
     "route_fraction": Fraction(default=0.5),
     "test_fraction": Fraction(default=0.2),

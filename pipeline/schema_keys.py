@@ -51,6 +51,7 @@ class Key:
     items: Key | None = None
     unique: bool = False
     min_items: int = 0
+    auto: bool = False  # the string "auto" is valid too (the value is then read from the data)
     doc: str = ""
 
     def wanted(self, typed: bool = True) -> str:
@@ -78,6 +79,7 @@ class Key:
             else:
                 what = {"int": "an int", "number": "a number", "bool": "true or false",
                         "str": "a non-empty string"}[self.type] + words
+        what = f"'auto' or {what}" if self.auto else what
         return f"null or {what}" if self.nullable else what
 
 
@@ -178,6 +180,8 @@ def value_problem(spec: Key, value: Any) -> str | None:
     got = "null" if value is None else repr(value)
     if value is None:
         return None if spec.nullable else f"must be {spec.wanted()}, got null"
+    if spec.auto and value == "auto":
+        return None
     if not _type_ok(spec, value):
         bad = f"must be {spec.wanted()}, got {got}"
         if isinstance(value, str) and spec.type in ("int", "number") and _looks_numeric(value):

@@ -35,6 +35,8 @@ def annotation(key: Key) -> Any:
         base: Any = list[annotation(key.items)] if key.items is not None else list
     else:
         base = _PYTHON_TYPES[key.type]
+    if key.auto:
+        base = base | str
     return base | None if key.nullable or key.default is None else base
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from pipeline.config import DataConfig, TrackingConfig
+from pipeline.data.input_shape import resolve_input
 from pipeline.data.sources import DEFAULT_MAX_PIXELS, DataError, load_source
 from pipeline.data.splits import SplitPlan, check_class_coverage, make_splits, split_meta
 from pipeline.io import atomic_path, save_split, write_json
@@ -29,8 +30,11 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     with stage_run("ingest", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"data": params["data"], "seed": cfg.seed}) as run:
-        data = load_source(cfg.source, channels=cfg.channels, image_size=cfg.image_size,
-                           max_pixels=params["data"].get("max_pixels", DEFAULT_MAX_PIXELS))  # schema-checked
+        max_pixels = params["data"].get("max_pixels", DEFAULT_MAX_PIXELS)  # schema-checked
+        choice = resolve_input(cfg.source, cfg.image_size, cfg.channels, max_pixels)
+        print(f"ingest: {choice.reason}", flush=True)
+        data = load_source(cfg.source, channels=choice.channels, image_size=choice.image_size,
+                           max_pixels=max_pixels)
         plan = SplitPlan(cfg.val_fraction, cfg.route_fraction, cfg.test_fraction, cfg.max_train, cfg.max_test,
                          cfg.seed)
         check_class_coverage(data, plan)  # before splitting: the fractions alone leave a class out
@@ -47,8 +51,9 @@ def main(argv: list[str] | None = None) -> None:
             write_json(tmp / "meta.json", meta)
         metrics = {f"{name}_count": len(s) for name, s in splits.items()}
         metrics["seconds"] = round(time.perf_counter() - started, 2)
-        write_json(args.metrics, metrics)
+        write_json(args.metrics, {**metrics, "input": choice.to_json()})
         run.log_metrics(metrics)
+        run.set_tags({"input": choice.reason})
         run.log_artifact(args.out / "meta.json")
     print(f"ingest: {data.source} -> {args.out} " + ", ".join(f"{k}={v}" for k, v in metrics.items()))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.config import ComputeConfig, ModelConfig, ProfileConfig, TrackingConfig
+from pipeline.config import STRIDE_ABOVE, ComputeConfig, ModelConfig, ProfileConfig, TrackingConfig
 from pipeline.io import read_json, write_json
 from pipeline.models.profile import LATENCY_FILE, CostModel, profile_cascade, split_profile
 from pipeline.tracking import stage_run
@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
     meta = read_json(args.data / "meta.json")
     channels, size = meta["image_shape"][0], meta["image_shape"][1]
     spec = model.cascade_spec(channels, len(meta["classes"]), size)
+    if spec.modules[0].stride != model.specs[0].stride:
+        print(f"profile: {channels}x{size}x{size} input is over {STRIDE_ABOVE} px: module 1 enters at stride "
+              f"{spec.modules[0].stride} (feature maps {spec.modules[0].channels}x{(size + 1) // 2}x"
+              f"{(size + 1) // 2})", flush=True)
     with stage_run("profile", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"modules": params["modules"], "profile": params.get("profile", {}),
                            "device": str(device)}) as run:

@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     mean, std = module_stats(k, train.images, args.models)  # measured for m1; later modules inherit m1's
     prefix = load_prefix(args.models, k, costs, mean, std)
     soft = distillation_targets(cfg, name, args.teacher, train.images, index, mean, std)  # None unless kd > 0
-    info = module_info(k, model_cfg.specs[k - 1], costs, len(meta["classes"]), prefix.mean, prefix.std)
+    specs = model_cfg.for_input(int(meta["image_shape"][1])).specs  # module 1 strides on large images
+    info = module_info(k, specs[k - 1], costs, len(meta["classes"]), prefix.mean, prefix.std)
     module = initial_module(info, seed)  # torch.manual_seed(seed + k), then its initial weights
     inputs = key_inputs(args.data, args.graded, args.profile, args.models, k,
                         args.teacher if soft is not None else None)

@@ -16,7 +16,7 @@ def test_default_params_load():
 @pytest.mark.parametrize("override,message", [
     ({"grade": {"curriculum": "reverse"}}, "grade.curriculum must be one of"),
     ({"grade": {"folds": 1}}, "grade.folds must be an int in 2..20, got 1"),
-    ({"data": {"image_size": "big"}}, "data.image_size must be an int in 4..512, got 'big'"),
+    ({"data": {"image_size": "big"}}, "data.image_size must be 'auto' or an int in 4..512, got 'big'"),
     ({"data": {"max_train": 3}}, "data.max_train must be null or an int >= 20, got 3"),
 ])
 def test_bad_values_name_their_key(override, message):

@@ -95,8 +95,8 @@ def test_int_is_a_number():
     ({"train": {"epochs": 0}}, "train.epochs must be an int >= 1, got 0"),
     ({"data": {"val_fraction": 1.5}}, "data.val_fraction must be strictly between 0 and 1, got 1.5"),
     ({"data": {"route_fraction": 0}}, "data.route_fraction must be strictly between 0 and 1, got 0"),
-    ({"data": {"image_size": 2}}, "data.image_size must be an int in 4..512, got 2"),
-    ({"data": {"channels": 2}}, "data.channels must be one of 1, 3, got 2"),
+    ({"data": {"image_size": 2}}, "data.image_size must be 'auto' or an int in 4..512, got 2"),
+    ({"data": {"channels": 2}}, "data.channels must be 'auto' or one of 1, 3, got 2"),
     ({"data": {"max_train": 3}}, "data.max_train must be null or an int >= 20, got 3"),
     ({"data": {"max_pixels": 0}}, "data.max_pixels must be an int >= 1, got 0"),
     ({"calibrate": {"delta": 1.5}}, "calibrate.delta must be in [0, 1), got 1.5"),
@@ -218,10 +218,10 @@ def test_missing_required_key_and_section():
     del params["data"]["image_size"]
     del params["register"]
     found = params_problems(params)
-    assert "data.image_size is missing (an int in 4..512)" in found
+    assert "data.image_size is missing ('auto' or an int in 4..512)" in found
     assert "register is missing (a required section)" in found
     # a stage checks what is there; a missing section is left to the stage that reads it
-    assert params_problems(params, partial=True) == ["data.image_size is missing (an int in 4..512)"]
+    assert params_problems(params, partial=True) == ["data.image_size is missing ('auto' or an int in 4..512)"]
 
 
 def test_section_not_a_mapping():

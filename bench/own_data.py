@@ -1,0 +1,183 @@
+"""The user's kind of data, measured: each folder of ``bench.own_data_folders`` through the user's
+command (``python -m pipeline.profiles --profile quick --data imagefolder:<folder>``, what ``make repro
+PROFILE=quick DATA=...`` runs) on a copy of this working tree, for several seeds; per folder and seed
+the shipped model, the calibrated cascade, each exit alone and the plain baselines, with test accuracy,
+its standard error, mean MACs and the pipeline's wall time.
+
+    python -m bench.own_data                                   # 4 folders x seeds 0 1 2 (about an hour here)
+    python -m bench.own_data --folders shop-colour-48 --seeds 0
+    python -m bench.own_data --report bench/out/own_data.json  # the tables of an earlier run
+
+Targets it checks (issue 37): on every folder and seed the shipped model is dominated by none of the
+others (another at <= its MACs more than one standard error better on test) and reads within 0.3
+points + 1 SE of the best single exit; over the folders its mean accuracy is >= plain_large's - 0.3
+points at <= 0.5x its mean MACs. Writes bench/out/own_data.json (every run is saved as it finishes).
+Run it alone: wall times are read on a shared 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.own_data_folders import FOLDERS, make_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def working_copy(dest: Path) -> Path:
+    """The working tree's files (tracked and untracked, not ignored) in a fresh git repo at ``dest``,
+    with this checkout's .venv linked in."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    for rel in (line for line in out.splitlines() if line and (ROOT / line).is_file()):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    (dest / ".venv").symlink_to(ROOT / ".venv")
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=b@example.com", "-c", "user.name=bench", "commit", "-qm", "copy"]):
+        subprocess.run(cmd, cwd=dest, check=True, capture_output=True)
+    return dest
+
+
+def env_for(repo: Path) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{repo / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "DVC_NO_ANALYTICS": "1", "MLFLOW_ENABLE_TELEMETRY": "false", "GX_ANALYTICS_ENABLED": "false",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}", "PYTHONPATH": str(repo)}
+
+
+def std_error(acc: float, n: int) -> float:
+    return math.sqrt(max(acc * (1 - acc), 1e-12) / n)
+
+
+def rows_of(evaluation: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Every model a run can ship, as name -> {accuracy, mean_macs}, read from metrics/evaluate.json."""
+    rows = {"cascade": evaluation["cascade"]}
+    for row in evaluation["each_exit_alone"]:
+        rows[f"exit {row['exit']}"] = row
+    for name in ("plain_small", "plain_large", "two_cnn_cascade"):
+        rows[name] = evaluation["baselines"][name]
+    return {k: {"accuracy": float(v["accuracy"]), "mean_macs": float(v["mean_macs"])} for k, v in rows.items()}
+
+
+def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
+    """The issue's checks on one run, read on test: who ships, who dominates it, the gap to the best exit."""
+    n = int(sum(map(sum, evaluation["cascade"]["confusion"])))
+    rows = rows_of(evaluation)
+    shipped_name = evaluation.get("shipped", {}).get("name", "cascade")
+    shipped = evaluation.get("shipped", rows["cascade"])
+    acc, macs = float(shipped["accuracy"]), float(shipped["mean_macs"])
+    se = std_error(acc, n)
+    dominated_by = [k for k, r in rows.items() if k != shipped_name and r["mean_macs"] <= macs * (1 + 1e-9)
+                    and r["accuracy"] > acc + se]
+    best_exit = max((r for k, r in rows.items() if k.startswith("exit ")), key=lambda r: r["accuracy"])
+    return {"test_images": n, "shipped": shipped_name, "accuracy": acc, "mean_macs": macs, "se": se,
+            "dominated_by": dominated_by, "best_exit_accuracy": best_exit["accuracy"],
+            "within_best_exit": acc >= best_exit["accuracy"] - 0.003 - se, "rows": rows}
+
+
+def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None = None) -> dict[str, Any]:
+    """One pipeline run in a fresh copy of the working tree (kept under ``keep`` when given, for a look at
+    its models and splits afterwards; else removed)."""
+    with tempfile.TemporaryDirectory(prefix="cascade-own-data-") as tmp:
+        where = keep / f"{folder.name}-seed{seed}" if keep else Path(tmp) / "repo"
+        if where.exists():
+            shutil.rmtree(where)
+        where.parent.mkdir(parents=True, exist_ok=True)
+        repo = working_copy(where)
+        log = logs / f"{folder.name}-seed{seed}.log"
+        started = time.perf_counter()
+        with open(log, "w") as fh:
+            status = subprocess.call([sys.executable, "-m", "pipeline.profiles", "--profile", profile, "--data",
+                                      f"imagefolder:{folder.resolve()}", "--", "-S", f"seed={seed}"],
+                                     cwd=repo, env=env_for(repo), stdout=fh, stderr=subprocess.STDOUT)
+        seconds = time.perf_counter() - started
+        if status != 0:
+            return {"folder": folder.name, "seed": seed, "failed": f"exit {status}, log {log}"}
+        evaluation = json.loads((repo / "metrics" / "evaluate.json").read_text())
+        meta = json.loads((repo / "data" / "prepared" / "meta.json").read_text())
+        ingest = json.loads((repo / "metrics" / "ingest.json").read_text())
+    return {"folder": folder.name, "seed": seed, "pipeline_s": round(seconds, 1),
+            "input": meta.get("input", {}), "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
+            **judge(evaluation)}
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in runs if "failed" not in r]
+    if not ok:
+        return {}
+    shipped = sum(r["accuracy"] for r in ok) / len(ok)
+    large = [r["rows"]["plain_large"] for r in ok]
+    return {"runs": len(ok), "failed": len(runs) - len(ok),
+            "never_dominated": all(not r["dominated_by"] for r in ok),
+            "within_best_exit": all(r["within_best_exit"] for r in ok),
+            "mean_accuracy": shipped, "mean_plain_large_accuracy": sum(x["accuracy"] for x in large) / len(ok),
+            "mean_macs_share_of_plain_large": sum(r["mean_macs"] / x["mean_macs"] for r, x in zip(ok, large,
+                                                                                                 strict=True)) / len(ok)}
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    lines = ["| folder | seed | input | shipped | acc (SE) | MACs | cascade | best exit | plain_small | plain_large "
+             "| two_cnn | dominated by | minutes |", "|" + " --- |" * 13]
+
+    def cell(row: dict[str, float]) -> str:
+        return f"{100 * row['accuracy']:.2f}% @ {row['mean_macs'] / 1e6:.2f} M"
+
+    for r in runs:
+        if "failed" in r:
+            lines.append(f"| {r['folder']} | {r['seed']} | failed: {r['failed']} |" + " |" * 10)
+            continue
+        rows = r["rows"]
+        best = max((v for k, v in rows.items() if k.startswith("exit ")), key=lambda v: v["accuracy"])
+        shape = "x".join(map(str, r["input"].get("shape", []))) or "?"
+        lines.append(f"| {r['folder']} | {r['seed']} | {shape} | {r['shipped']} | {100 * r['accuracy']:.2f}% "
+                     f"({100 * r['se']:.2f}) | {r['mean_macs'] / 1e6:.2f} M | {cell(rows['cascade'])} | {cell(best)} "
+                     f"| {cell(rows['plain_small'])} | {cell(rows['plain_large'])} | {cell(rows['two_cnn_cascade'])} "
+                     f"| {', '.join(r['dominated_by']) or '-'} | {r['pipeline_s'] / 60:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--folders", nargs="*", default=list(FOLDERS), help="default: all")
+    p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
+    p.add_argument("--profile", default="quick")
+    p.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "out" / "own_data_folders",
+                   help="where the folders are built (kept between runs)")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "own_data.json")
+    p.add_argument("--keep", type=Path, default=None, help="keep each run's repository under this folder")
+    p.add_argument("--report", type=Path, default=None, help="print the tables of an earlier run and stop")
+    args = p.parse_args(argv)
+    if args.report:
+        runs = json.loads(args.report.read_text())["runs"]
+        print(table(runs))
+        print(json.dumps(summary(runs), indent=2))
+        return 0
+    logs = args.out.parent / "own_data_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    for name in args.folders:
+        folder = make_folder(name, args.data_dir)
+        for seed in args.seeds:
+            print(f"own_data: {name} seed {seed} ...", flush=True)
+            runs.append(run_one(folder, seed, args.profile, logs, args.keep))
+            args.out.write_text(json.dumps({"profile": args.profile, "runs": runs, "summary": summary(runs)},
+                                           indent=2) + "\n")
+            print(table(runs[-1:]).splitlines()[-1], flush=True)
+    print(table(runs))
+    print(json.dumps(summary(runs), indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,183 @@
+"""The image folders of ``bench.own_data``: the kinds of data a user brings, built from what is on this
+machine (Fashion-MNIST from its Debian package, scikit-learn's digits, drawn scenes), deterministic for
+a seed. One sub-folder per class, PNG or JPEG inside, as ``imagefolder:<dir>`` reads them.
+
+    python -m bench.own_data_folders --out /tmp/folders            # all four
+    python -m bench.own_data_folders --out /tmp/folders --only scenes-colour-64
+
+| folder | images | size, mode | classes | what it tests |
+| --- | --- | --- | --- | --- |
+| shop-colour-48 | 1,550 JPEG | 48 px RGB | 5, unbalanced 500/400/300/200/150 (a space, a non-ASCII name) | the issue's folder: colour and size must not be dropped; a small calib split |
+| fashion-grey-28 | 2,100 PNG | 28 px grey | 6 confusable garments, unbalanced 600/450/350/300/250/150 | small grey data, hard classes |
+| digits-grey-32 | 1,797 PNG | 32 px grey (from 8 px) | 10, balanced | an easy folder where every model is near perfect |
+| scenes-colour-64 | 2,400 PNG | 64 px RGB | 6 shapes, balanced | hard: a small shape off-centre among clutter |
+"""
+
+from __future__ import annotations
+
+import argparse
+import colorsys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+SHOP_CLASSES = {0: ("t shirt", 500), 1: ("trouser", 400), 2: ("pullover", 300), 3: ("dréss", 200), 4: ("coat", 150)}
+FASHION_CLASSES = {0: ("t-shirt", 600), 2: ("pullover", 450), 4: ("coat", 350), 6: ("shirt", 300),
+                   3: ("dress", 250), 8: ("bag", 150)}
+SHAPES = ("circle", "square", "triangle", "cross", "ring", "frame")
+SCENES_PER_CLASS = 400
+
+
+def _fashion_rows(classes: dict[int, tuple[str, int]], rng: np.random.Generator
+                  ) -> list[tuple[str, np.ndarray]]:
+    from pipeline.data.sources import load_fashion_mnist
+
+    data = load_fashion_mnist()
+    out = []
+    for label, (name, count) in classes.items():
+        rows = rng.choice(np.flatnonzero(data.train.labels == label), size=count, replace=False)
+        out.extend((name, data.train.images[r, 0]) for r in sorted(rows))
+    return out
+
+
+def _colour(rng: np.random.Generator, light: tuple[float, float]) -> np.ndarray:
+    r, g, b = colorsys.hsv_to_rgb(rng.random(), rng.uniform(0.4, 1.0), rng.uniform(*light))
+    return np.array([r, g, b]) * 255.0
+
+
+def colourise(grey: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """A (28, 28) grey garment as an RGB (size, size) picture: a random dark backdrop, a random bright
+    fabric colour (class-independent, so colour carries no label), slight noise."""
+    alpha = np.asarray(Image.fromarray(grey).resize((size, size), Image.BILINEAR), dtype=np.float64) / 255.0
+    back, fabric = _colour(rng, (0.1, 0.4)), _colour(rng, (0.7, 1.0))
+    rgb = back * (1 - alpha[..., None]) + fabric * alpha[..., None] + rng.normal(0, 6, (size, size, 3))
+    return np.clip(np.rint(rgb), 0, 255).astype(np.uint8)
+
+
+def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill: tuple) -> None:
+    box = (cx - r, cy - r, cx + r, cy + r)
+    width = max(2, int(r / 2.5))
+    if shape == "circle":
+        draw.ellipse(box, fill=fill)
+    elif shape == "square":
+        draw.rectangle(box, fill=fill)
+    elif shape == "triangle":
+        draw.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=fill)
+    elif shape == "cross":
+        draw.rectangle((cx - r, cy - width / 2, cx + r, cy + width / 2), fill=fill)
+        draw.rectangle((cx - width / 2, cy - r, cx + width / 2, cy + r), fill=fill)
+    elif shape == "ring":
+        draw.ellipse(box, outline=fill, width=width)
+    elif shape == "frame":
+        draw.rectangle(box, outline=fill, width=width)
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+
+
+def scene(shape: str, size: int, rng: np.random.Generator) -> np.ndarray:
+    """One (size, size, 3) scene: a textured backdrop, clutter (strokes and dots in random colours) and
+    one small ``shape`` (radius 4-8 px at 64 px) anywhere off the border, drawn under part of the clutter."""
+    base = _colour(rng, (0.2, 0.7))
+    img = Image.fromarray(np.clip(base + rng.normal(0, 18, (size, size, 3)), 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    scale = size / 64
+
+    def clutter(n: int) -> None:
+        for _ in range(n):
+            c = tuple(int(v) for v in _colour(rng, (0.2, 1.0)))
+            x, y = rng.uniform(0, size, 2)
+            if rng.random() < 0.6:
+                dx, dy = rng.normal(0, 10 * scale, 2)
+                draw.line((x, y, x + dx, y + dy), fill=c, width=int(rng.integers(1, 3)))
+            else:
+                d = rng.uniform(1, 3) * scale
+                draw.ellipse((x - d, y - d, x + d, y + d), fill=c)
+
+    clutter(int(rng.integers(6, 14)))
+    r = rng.uniform(4, 8) * scale
+    cx, cy = rng.uniform(r + 2, size - r - 2, 2)
+    _draw_shape(draw, shape, cx, cy, r, tuple(int(v) for v in _colour(rng, (0.5, 1.0))))
+    clutter(int(rng.integers(2, 6)))
+    return np.asarray(img)
+
+
+def _save(folder: Path, name: str, index: int, pixels: np.ndarray, suffix: str) -> None:
+    out = folder / name
+    out.mkdir(parents=True, exist_ok=True)
+    image = Image.fromarray(pixels)
+    if suffix == ".jpg":
+        image.save(out / f"{index:04d}.jpg", quality=92)
+    else:
+        image.save(out / f"{index:04d}.png")
+
+
+def make_shop(folder: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed)
+    for i, (name, grey) in enumerate(_fashion_rows(SHOP_CLASSES, rng)):
+        _save(folder, name, i, colourise(grey, 48, rng), ".jpg")
+    return folder
+
+
+def make_fashion_grey(folder: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed + 1)
+    for i, (name, grey) in enumerate(_fashion_rows(FASHION_CLASSES, rng)):
+        _save(folder, name, i, grey, ".png")
+    return folder
+
+
+def make_digits(folder: Path, seed: int) -> Path:
+    from sklearn.datasets import load_digits
+
+    rng = np.random.default_rng(seed + 2)
+    bunch = load_digits()
+    for i, (img, label) in enumerate(zip(bunch.images, bunch.target, strict=True)):
+        grey = Image.fromarray(np.clip(img * 255 / 16, 0, 255).astype(np.uint8)).resize((32, 32), Image.BICUBIC)
+        noisy = np.clip(np.asarray(grey, dtype=np.float64) + rng.normal(0, 8, (32, 32)), 0, 255)
+        _save(folder, f"digit {label}", i, noisy.astype(np.uint8), ".png")
+    return folder
+
+
+def make_scenes(folder: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed + 3)
+    for c, shape in enumerate(SHAPES):
+        for j in range(SCENES_PER_CLASS):
+            _save(folder, shape, c * SCENES_PER_CLASS + j, scene(shape, 64, rng), ".png")
+    return folder
+
+
+FOLDERS: dict[str, Callable[[Path, int], Path]] = {
+    "shop-colour-48": make_shop,
+    "fashion-grey-28": make_fashion_grey,
+    "digits-grey-32": make_digits,
+    "scenes-colour-64": make_scenes,
+}
+
+
+def make_folder(name: str, root: Path, seed: int = 0) -> Path:
+    """Build folder ``name`` under ``root`` (kept if it is already there and complete)."""
+    if name not in FOLDERS:
+        raise SystemExit(f"unknown folder {name!r}; known: {', '.join(FOLDERS)}")
+    folder = root / name
+    done = folder / ".complete"
+    if done.is_file():
+        return folder
+    FOLDERS[name](folder, seed)
+    done.write_text("ok\n")
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="where the folders are written")
+    p.add_argument("--only", nargs="*", default=list(FOLDERS), help=f"folders (default all: {', '.join(FOLDERS)})")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    for name in args.only:
+        print(make_folder(name, args.out, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
