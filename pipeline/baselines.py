@@ -130,10 +130,11 @@ class BaselineConfig:
                            lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing)
 
 
-def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str]:
-    """(delta, grid, confidence kind) from `calibrate` and `model.confidence`, with calibrate's defaults."""
+def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str, float, str]:
+    """(delta, grid, confidence kind, bound_z, held_out) from `calibrate` and `model.confidence`, with
+    calibrate's defaults: the two-CNN chain is calibrated by the cascade's own rule on the same images."""
     cal = settings(params, "calibrate")  # checked with the params file
-    return float(cal.delta), cal.grid, settings(params, "model").confidence
+    return float(cal.delta), cal.grid, settings(params, "model").confidence, float(cal.bound_z), cal.held_out
 
 
 # ----------------------------------------------------------------------------------------- training
@@ -210,11 +211,13 @@ def two_cnn_arrays(conf_small: Any, correct_small: Any, correct_large: Any, macs
 
 
 def two_cnn_threshold(conf_small: Any, correct_small: Any, correct_large: Any, macs_small: float,
-                      macs_large: float, delta: float, grid: int | Sequence[Sequence[float]] = 50) -> float:
-    """The small net's exit threshold by the cascade's rule: least mean MACs with accuracy at least
-    that of always running the large net minus ``delta`` (``NEVER`` = 1.01 if no early exit fits)."""
+                      macs_large: float, delta: float, grid: int | Sequence[Sequence[float]] = 50,
+                      z: float = 0.0) -> float:
+    """The small net's exit threshold by the cascade's rule: least mean MACs with the accuracy lost
+    against always running the large net at most ``delta`` (bounded with ``z`` standard errors;
+    ``NEVER`` = 1.01 if no early exit fits)."""
     thresholds, _ = calibrate_delta(*two_cnn_arrays(conf_small, correct_small, correct_large, macs_small,
-                                                    macs_large), delta, grid)
+                                                    macs_large), delta, grid, z=z)
     return float(thresholds[0])
 
 

@@ -139,6 +139,22 @@ def load_split(directory: str | os.PathLike[str], name: str) -> Split:
         raise ValueError(f"split file {path} is unreadable or truncated: {exc}") from exc
 
 
+HELD_OUT = ("pooled", "calib")  # calibrate.held_out: route + calib, or calib alone
+
+
+def load_held_out(directory: str | os.PathLike[str], which: str = "pooled") -> Split:
+    """The images operating points are fitted on: ``calib``, or (``pooled``) ``route`` and ``calib``
+    together, both held out from module training, so a small data set's thresholds rest on twice the
+    images. Named ``held_out`` when pooled."""
+    if which not in HELD_OUT:
+        raise ValueError(f"held-out set must be one of {HELD_OUT}, got {which!r}")
+    if which == "calib":
+        return load_split(directory, "calib")
+    route, calib = load_split(directory, "route"), load_split(directory, "calib")
+    return Split("held_out", np.concatenate([route.images, calib.images]),
+                 np.concatenate([route.labels, calib.labels]), np.concatenate([route.ids, calib.ids]))
+
+
 def array_sha256(array: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 

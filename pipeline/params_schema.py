@@ -53,6 +53,7 @@ REFERENCES = ("last", "best")  # pipeline.routing.calibration.REFERENCES
 SELECT_MODES = ("predictor", "testset")  # stages.select.MODES
 SELECT_SCORINGS = ("label", "p_right")  # pipeline.routing.predictor.SCORINGS
 CALIBRATE_MODES = ("delta", "budget")
+HELD_OUT = ("pooled", "calib")  # pipeline.io.HELD_OUT
 SOURCE_PATTERN = r"fashion-mnist(:.+)?|idx:.+|imagefolder:.+|digits"  # pipeline.data.sources.load_source
 
 # ------------------------------------------------------------------------------------------ the schema
@@ -199,6 +200,10 @@ CALIBRATE = {
     "budget_macs": Number(nullable=True, gt=0, default=None),
     "grid": Int(ge=1, default=50),
     "ensemble_decays": List(Number(ge=0, le=1), unique=True, min_items=1, default=[0.0]),
+    "bound_z": Number(ge=0, le=5, default=0.0,
+                      doc="delta mode: the loss bound is its estimate + bound_z standard errors (0: the estimate)"),
+    "held_out": Str(choices=HELD_OUT, default="calib",
+                    doc="what thresholds are fitted on: pooled (route + calib) or calib"),
 }
 
 

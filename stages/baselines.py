@@ -30,7 +30,7 @@ from pipeline.baselines import (
     two_cnn_threshold,
 )
 from pipeline.config import ComputeConfig, TrackingConfig
-from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.io import atomic_path, load_held_out, load_split, read_json, write_json
 from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 
@@ -47,13 +47,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     cfg = BaselineConfig.from_dict(params.get("baselines"))
-    delta, grid, kind = calibration_settings(params)
+    delta, grid, kind, bound_z, held_out = calibration_settings(params)
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()  # training runs there; the nets come back (and are saved) on the CPU
     seed = params.get("seed", 0)  # checked with the params file: an int >= 0
     meta = read_json(args.data / "meta.json")
     num_classes = len(meta["classes"])
-    train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
+    train, calib = load_split(args.data, "train"), load_held_out(args.data, held_out)
     image_shape = tuple(int(v) for v in train.images.shape[1:])  # (C, H, W)
     # Normalisation statistics of the training images, as the train stage computes them for module 1.
     pixels = train.images.astype(np.float32) / 255.0
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     figures: dict[str, dict[str, Any]] = {}
     conf: dict[str, np.ndarray] = {}  # name -> (N,) calib confidence
     correct: dict[str, np.ndarray] = {}  # name -> (N,) bool, calib prediction right
-    run_params = {"baselines": asdict(cfg), "seed": seed, "calibrate": {"delta": delta, "grid": grid},
+    run_params = {"baselines": asdict(cfg), "seed": seed, "calibrate": {"delta": delta, "grid": grid, "bound_z": bound_z,
+                                                                   "held_out": held_out},
                   "confidence": kind, "train_images": len(train)}
     with stage_run("baselines", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params=run_params) as run:
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
                              "train_seconds": round(seconds, 1)}
         macs_small, macs_large = figures[SMALL]["macs"], figures[LARGE]["macs"]
         chain_inputs = (conf[SMALL], correct[SMALL], correct[LARGE], macs_small, macs_large)
-        threshold = two_cnn_threshold(*chain_inputs, delta, grid)
+        threshold = two_cnn_threshold(*chain_inputs, delta, grid, bound_z)
         chain = two_cnn_result(*two_cnn_arrays(*chain_inputs), threshold)
         figures[TWO_CNN] = {"threshold": threshold, "calib_accuracy": chain["accuracy"],
                             "calib_mean_macs": chain["mean_macs"],

@@ -18,7 +18,7 @@ import torch
 
 from pipeline.config import ComputeConfig, TrackingConfig, section
 from pipeline.device import autocast, stages_to
-from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.io import atomic_path, load_held_out, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.routing.assemble import load_stages
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
@@ -47,14 +47,14 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
-           "ensemble_decays": [0.0], **section(params, "calibrate")}
+           "ensemble_decays": [0.0], "bound_z": 0.0, "held_out": "calib", **section(params, "calibrate")}
     # every value was checked with the params file (params_schema: CALIBRATE and its rules)
     kind = (params.get("model") or {}).get("confidence", "maxprob")
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()  # the weights saved are CPU copies (save_cascade)
     costs = CostModel(read_json(args.profile))
     meta = read_json(args.data / "meta.json")
-    calib = load_split(args.data, "calib")
+    calib = load_held_out(args.data, cfg["held_out"])  # route + calib by default
     results, packages = {}, {}
     with stage_run("calibrate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"calibrate": cfg, "confidence": kind}) as run:

@@ -20,7 +20,7 @@ from pipeline.data.grader_store import GRADER_FILE, levels_of, load_grader
 from pipeline.device import autocast, to_device
 from pipeline.evaluation import comparison_table
 from pipeline.evaluation_suite import evaluation_suite, headline, summary_line, write_evaluation_plots
-from pipeline.io import load_split, read_json, write_json
+from pipeline.io import load_held_out, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import preprocess
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()
     costs = CostModel(read_json(args.profile))
-    test, calib = load_split(args.data, "test"), load_split(args.data, "calib")
+    held_out = str((params.get("calibrate") or {}).get("held_out", "calib"))  # schema-checked
+    test, calib = load_split(args.data, "test"), load_held_out(args.data, held_out)  # curves fitted as calibrate fits
     grid = int((params.get("calibrate") or {}).get("grid", 50))
     main_model, testset_model = load_cascade(args.model, device), load_cascade(args.model_testset, device)
     fixed_model, plain = load_cascade(args.model_fixed, device), load_baselines(args.baselines)

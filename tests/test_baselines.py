@@ -147,9 +147,11 @@ def test_config_rejects_bad_values_naming_the_key(key: str, value: object) -> No
 
 
 def test_calibration_settings_read_the_cascade_rule_with_its_defaults() -> None:
-    assert calibration_settings({}) == (0.003, 50, "maxprob")
-    delta, grid, kind = calibration_settings({"calibrate": {"delta": 0, "grid": 7, "reference": "last"},
-                                              "model": {"confidence": "margin"}})
+    assert calibration_settings({}) == (0.003, 50, "maxprob", 0.0, "calib")
+    delta, grid, kind, z, held_out = calibration_settings(
+        {"calibrate": {"delta": 0, "grid": 7, "reference": "last", "bound_z": 1.5, "held_out": "pooled"},
+         "model": {"confidence": "margin"}})
+    assert (z, held_out) == (1.5, "pooled")
     assert (delta, grid, kind) == (0.0, 7, "margin") and isinstance(delta, float)
 
 

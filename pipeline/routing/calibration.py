@@ -21,7 +21,7 @@ ALWAYS = 0.0  # every confidence (max prob or margin) reaches it: every image le
 TOLERANCE = 1e-12
 REFERENCES = ("last", "best")  # accuracies are means of booleans; do not let rounding decide feasibility
 
-Key = Callable[[float, float], tuple[Any, ...]]  # (accuracy, mean_macs) -> larger is better
+Key = Callable[[float, float, bool], tuple[Any, ...]]  # (accuracy, mean_macs, feasible) -> larger is better
 
 
 def _arrays(conf: Any, correct: Any, cum_macs: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -98,29 +98,34 @@ def _search(
     arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
     grids: list[np.ndarray],
     key: Key,
-    feasible: Callable[[float, float], bool],
+    feasible: Callable[[np.ndarray, float], bool],
     exhaustive_limit: int,
     max_sweeps: int,
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """Best thresholds under ``key``: every combination if there are at most ``exhaustive_limit``,
     else coordinate descent from "never exit early" (one exit's grid at a time, until no change).
+    ``feasible(right, mean_macs)`` sees each image's answer (right (N,) bool) under the setting.
     """
     seen: dict[tuple[float, ...], dict[str, Any]] = {}
+    conf, correct, cum_macs = arrays
+    rows = np.arange(conf.shape[0])
 
     def evaluate(thresholds: tuple[float, ...]) -> dict[str, Any]:
         if thresholds not in seen:
-            accuracy, mean_macs, counts = simulate_thresholds(*arrays, thresholds)
+            exits = exit_indices(conf, thresholds)  # (N,)
+            right = correct[rows, exits]  # (N,)
+            accuracy, mean_macs = float(right.mean()), float(cum_macs[rows, exits].mean())
             seen[thresholds] = {
                 "thresholds": list(thresholds),
                 "accuracy": accuracy,
                 "mean_macs": mean_macs,
-                "exit_counts": counts.tolist(),
-                "feasible": feasible(accuracy, mean_macs),
+                "exit_counts": np.bincount(exits, minlength=conf.shape[1]).tolist(),
+                "feasible": feasible(right, mean_macs),
             }
         return seen[thresholds]
 
     def score(row: dict[str, Any]) -> tuple[Any, ...]:
-        return key(row["accuracy"], row["mean_macs"])
+        return key(row["accuracy"], row["mean_macs"], row["feasible"])
 
     if math.prod(len(g) for g in grids) <= exhaustive_limit:
         combos = [tuple(float(v) for v in c) for c in itertools.product(*grids)]
@@ -150,12 +155,18 @@ def calibrate_delta(
     exhaustive_limit: int = 4096,
     max_sweeps: int = 10,
     reference: str = "last",
+    z: float = 0.0,
 ) -> tuple[list[float], list[dict[str, Any]]]:
-    """Thresholds with the least mean MACs whose accuracy is at least the reference's minus
+    """Thresholds with the least mean MACs whose accuracy loss against the reference is at most
     ``delta`` (a fraction: 0.003 is 0.3 pp), on the data given. ``reference``: ``last`` = always
     running to the last exit (the brief's rule); ``best`` = the most accurate single exit, always
     reachable (every earlier threshold at ``NEVER``, that exit's at ``ALWAYS``), so a last module
     weaker than an earlier one cannot lower the bar.
+
+    ``z`` > 0 puts the held-out set's size in view: the loss is bounded above by its paired estimate
+    plus ``z`` standard errors (``loss_bound``), so on a small set, where a lucky threshold looks free,
+    the rule keeps images going to the reference exit unless the data show the early exits are safe;
+    on a large set the bound is close to the estimate. ``z`` = 0 is the point estimate.
 
     ``grid`` is a number of quantiles per exit (see ``threshold_grid``) or explicit candidate lists.
     Returns the thresholds and the sweep: one row per evaluated setting (``thresholds``,
@@ -163,20 +174,28 @@ def calibrate_delta(
     """
     if not delta >= 0:
         raise ValueError(f"delta must be >= 0, got {delta}")
+    if not z >= 0:
+        raise ValueError(f"z must be >= 0, got {z}")
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
     arrays = _arrays(conf, correct, cum_macs)
     exit_acc = arrays[1].mean(axis=0)  # (K,)
-    target = float(exit_acc[-1] if reference == "last" else exit_acc.max()) - delta
+    ref = arrays[1][:, -1 if reference == "last" else int(np.argmax(exit_acc))]  # (N,) the reference's answers
 
-    def feasible(accuracy: float, _macs: float) -> bool:
-        return accuracy >= target - TOLERANCE
+    def feasible(right: np.ndarray, _macs: float) -> bool:
+        return loss_bound(ref, right, z) <= delta + TOLERANCE
 
-    def key(accuracy: float, macs: float) -> tuple[Any, ...]:
-        ok = feasible(accuracy, macs)
+    def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, -macs if ok else accuracy, accuracy)
 
     return _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps)
+
+
+def loss_bound(reference: np.ndarray, right: np.ndarray, z: float) -> float:
+    """Upper bound on the accuracy lost against ``reference`` (per-image right/wrong, (N,) bool each):
+    the mean paired difference plus ``z`` standard errors of it (0 when the two never disagree)."""
+    d = reference.astype(np.float64) - right.astype(np.float64)  # (N,) in {-1, 0, 1}
+    return float(d.mean() + z * d.std() / math.sqrt(len(d))) if z else float(d.mean())
 
 
 def calibrate_budget(
@@ -196,11 +215,10 @@ def calibrate_budget(
     """
     arrays = _arrays(conf, correct, cum_macs)
 
-    def feasible(_accuracy: float, macs: float) -> bool:
+    def feasible(_right: np.ndarray, macs: float) -> bool:
         return macs <= budget_macs
 
-    def key(accuracy: float, macs: float) -> tuple[Any, ...]:
-        ok = feasible(accuracy, macs)
+    def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, accuracy if ok else -macs, -macs)
 
     thresholds, sweep = _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps)

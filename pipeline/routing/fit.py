@@ -31,7 +31,7 @@ def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind:
         thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]))
     else:
         thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
-                                            reference=cfg["reference"])
+                                            reference=cfg["reference"], z=float(cfg.get("bound_z", 0.0)))
     acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
     return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
             "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
