@@ -31,6 +31,7 @@ from pipeline.evaluation import (
     timing_noisy,
     to_numpy,
 )
+from pipeline.dominance import dominance
 from pipeline.io import Split, atomic_path
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel
@@ -76,7 +77,8 @@ def headline(results: dict) -> dict:
             "speedup": None if vs.get("timing_noisy") else round(vs["throughput_speedup_b256"], 2),
             "static_acc": round(results["static_selection"]["accuracy"], 4),
             "cnn_acc": round(b["plain_large"]["accuracy"], 4),
-            "cnn2_acc": round(b["two_cnn_cascade"]["accuracy"], 4)}
+            "cnn2_acc": round(b["two_cnn_cascade"]["accuracy"], 4),
+            **({"dominated": bool(results["shipped"]["dominated"])} if "shipped" in results else {})}
 
 
 def evaluation_suite(main: LoadedCascade, testset: LoadedCascade, fixed_model: LoadedCascade,
@@ -168,6 +170,7 @@ def evaluation_suite(main: LoadedCascade, testset: LoadedCascade, fixed_model: L
     results["budget_curves"] = {"cascade": curve, "static_selection": curve_static,
                                 "fixed_cascade": curve_fixed, "two_cnn_cascade": curve_two_cnn}
     results["epoch_budget"] = epoch_budget
+    results["shipped"] = dominance(results, len(y))  # is the cascade dominated by another model of the run?
     results["targets"] = target_checks(results)
     curves = {"cascade (selected routing)": curve, "static selection (claim 8)": curve_static,
               "fixed cascade (default paths)": curve_fixed, "two plain CNNs": curve_two_cnn}

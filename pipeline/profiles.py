@@ -12,6 +12,7 @@ model, the metrics and the plots are."""
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -100,6 +101,48 @@ def run_with_progress(cmd: list[str], progress: StageProgress) -> int:
     return proc.wait()
 
 
+def verdict_lines(root: Path) -> list[str]:
+    """What the run shipped and whether it is dominated, from ``metrics/``: the input it chose, the
+    cascade on test against the run's other models, and the registry's decision."""
+    lines = []
+    ingest, evaluated, registered = (root / "metrics" / f for f in ("ingest.json", "evaluate.json", "register.json"))
+    if ingest.is_file():
+        reason = json.loads(ingest.read_text()).get("input", {}).get("reason")
+        if reason:
+            lines.append(f"  input             {reason}")
+    if evaluated.is_file():
+        shipped = json.loads(evaluated.read_text()).get("shipped")
+        if shipped:
+            lines.append(f"  shipped cascade   {100 * shipped['accuracy']:.2f}% at {shipped['mean_macs'] / 1e6:.2f} M "
+                         f"MACs on {shipped['test_images']} test images: {shipped['verdict']}")
+    if registered.is_file():
+        r = json.loads(registered.read_text())
+        state = "champion" if r.get("passed") else "challenger only"
+        lines.append(f"  registry          {r.get('model_name')} v{r.get('version')} is {state}")
+    return lines
+
+
+def changed_files(root: Path) -> list[str]:
+    """Tracked files the run left modified (``git status``), e.g. params.yaml, dvc.lock, metrics/."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                         text=True, check=False)
+    return [line[3:] for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
+def closing_lines(root: Path, merged: Mapping[str, Any]) -> list[str]:
+    """The run's last lines: the verdict, and how to get the committed results back when a run on other
+    data left them modified in this workspace (DVC runs an experiment in the workspace)."""
+    lines = verdict_lines(root)
+    changed = changed_files(root)
+    if changed and str(merged["data"]["source"]) != "fashion-mnist":
+        lines += [f"\nThis run replaced the committed results in this workspace ({len(changed)} tracked files: "
+                  f"{', '.join(changed[:4])}{', ...' if len(changed) > 4 else ''}).",
+                  "  It is saved as a DVC experiment (dvc exp show). To get the committed ones back:",
+                  "  git checkout -- .   (params.yaml, dvc.lock, metrics/), then dvc checkout (models and data,",
+                  "  where this workspace's DVC cache holds them; else dvc repro rebuilds them)"]
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     known = ", ".join(sorted(q.stem for q in PROFILES.glob("*.yaml")))
     p = argparse.ArgumentParser(prog="python -m pipeline.profiles", description=__doc__.split("\n\n")[0],
@@ -138,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\ndone. Outputs:")
     for what, where in WHERE:
         print(f"  {what:17s} {where}")
+    for line in closing_lines(Path("."), merged):
+        print(line)
     return 0
 
 

@@ -265,7 +265,7 @@ def log_version(model_dir: str | os.PathLike[str], example: pd.DataFrame) -> str
 def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float], tags: Mapping[str, str],
             *, curve: Sequence[tuple[float, float]] = (), root: str | os.PathLike[str] = ".",
             record: Callable[[Decision], None] | None = None,
-            classes: Sequence[str] | None = None) -> Decision:
+            classes: Sequence[str] | None = None, veto: str | None = None) -> Decision:
     """Gate the model at ``model_uri`` against the current champion, register it and move the aliases,
     as one critical section.
 
@@ -277,7 +277,9 @@ def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float],
     runs on one store each gate against the champion the previous one left, exactly one version is
     champion, every recorded decision agrees with the registry when it is recorded, and a run killed
     at any moment leaves either no version or a tagged one (the gate's decision in its tags; a rerun
-    registers and gates anew)."""
+    registers and gates anew). ``veto``: a reason the version may not be champion whatever the gate says
+    (evaluate found it dominated by another model of its run): it is registered as challenger, the
+    reason first among its gate reasons."""
     with tracking.registry_lock(root):
         previous = mlflow_models.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
         previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
@@ -286,6 +288,8 @@ def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float],
             passed, reasons = False, [mismatch]
         else:
             passed, reasons = gate(candidate, previous_metrics, cfg.acc_tolerance, cfg.macs_tolerance, curve)
+        if veto is not None:
+            passed, reasons = False, [veto, *reasons]
         decision_tags = {"gate": "passed" if passed else "failed", "gate.reasons": " | ".join(reasons)}
         if classes is not None:
             decision_tags[CLASSES_TAG] = json.dumps(list(classes))

@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         run.log_artifact(args.plots, "plots")
     print(comparison_table(results))
     print(summary_line(results))
+    print(f"evaluate: the shipped cascade is {results['shipped']['verdict']}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,14 @@ def _name(path: Path, root: Path) -> str:
         return path.as_posix()
 
 
+def dominated_veto(evaluated: dict) -> str | None:
+    """Why the version may not be champion: evaluate read it dominated on test (``shipped``), or None."""
+    shipped = evaluated.get("shipped") or {}
+    if not shipped.get("dominated"):
+        return None
+    return f"dominated on test by {', '.join(shipped['dominated_by'])}: {shipped['verdict']}"
+
+
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("register", __doc__)
@@ -63,7 +71,8 @@ def main(argv: list[str] | None = None) -> None:
                    params={"register": params["register"], "model": str(args.model)}) as run:
         model_uri = log_version(args.model, example)
         decision = promote(cfg, model_uri, candidate, tags, curve=curve, root=args.root,
-                           record=lambda d: write_json(args.out, d.to_dict()), classes=classes)
+                           record=lambda d: write_json(args.out, d.to_dict()), classes=classes,
+                           veto=dominated_veto(evaluated))
         run.log_metrics({"gate_passed": float(decision.passed), "registered_version": decision.version})
         run.set_tags({"gate": "passed" if decision.passed else "failed",
                       "gate.reasons": " | ".join(decision.reasons),

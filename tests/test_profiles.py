@@ -60,3 +60,33 @@ def test_run_with_progress_passes_output_through_and_adds_stage_lines(capfd) -> 
     assert status == 3  # the command's own exit status
     assert "epoch 1/2\repoch 2/2\n" in out and "didn't change, skipping" in out
     assert "[stage 1/2 ingest] elapsed 0 s; no timing of this run here yet (soon in all)" in out
+
+
+def test_the_last_lines_give_the_verdict_and_the_way_back(tmp_path: Path) -> None:
+    """A run on other data says what it chose, whether the shipped cascade is dominated, the registry's
+    decision, and, since it replaced the committed results in the workspace, how to get them back."""
+    import json
+    import subprocess
+
+    from pipeline.profiles import closing_lines
+
+    (tmp_path / "metrics").mkdir()
+    (tmp_path / "params.yaml").write_text("seed: 0\n")
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@e", "-c", "user.name=t", "commit", "-qm", "x"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True)
+    (tmp_path / "metrics" / "ingest.json").write_text(json.dumps({"input": {"reason": "input 3x48x48: ..."}}))
+    (tmp_path / "metrics" / "evaluate.json").write_text(json.dumps({"shipped": {
+        "accuracy": 0.9, "mean_macs": 2e6, "test_images": 310, "verdict": "DOMINATED: plain_small ..."}}))
+    (tmp_path / "metrics" / "register.json").write_text(json.dumps({"model_name": "f-cascade", "version": 3,
+                                                                    "passed": False}))
+    mine = {"data": {"source": "imagefolder:/x"}}
+    assert closing_lines(tmp_path, mine) == [
+        "  input             input 3x48x48: ...",
+        "  shipped cascade   90.00% at 2.00 M MACs on 310 test images: DOMINATED: plain_small ...",
+        "  registry          f-cascade v3 is challenger only"]  # nothing tracked changed yet
+    (tmp_path / "params.yaml").write_text("seed: 1\n")
+    lines = closing_lines(tmp_path, mine)
+    assert "replaced the committed results in this workspace (1 tracked files: params.yaml)" in lines[3]
+    assert any("git checkout -- ." in line for line in lines)
+    assert len(closing_lines(tmp_path, {"data": {"source": "fashion-mnist"}})) == 3  # the default: no note

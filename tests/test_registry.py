@@ -497,6 +497,27 @@ def test_a_champion_of_another_class_set_is_never_replaced(tmp_path: Path, model
     assert class_set_mismatch({}, ["a"], 1) is None  # a champion registered before the record: compared
 
 
+def test_a_dominated_cascade_is_never_made_champion(tmp_path: Path, model_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Even as the first version (which the gate always passes): evaluate read another model of its run
+    cheaper and more than one SE better on test, so it is registered as challenger only, saying why."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
+    shipped = {"dominated": True, "dominated_by": ["plain_small"], "verdict": "DOMINATED: plain_small reads +5"}
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.9, "mean_macs": 1000.0},
+                                                    "shipped": shipped})
+    assert run_stage(root, model_dir) == 0
+    first = json.loads((root / "metrics/register.json").read_text())
+    assert (first["version"], first["passed"], first["champion"]) == (1, False, None)
+    assert first["reasons"][0] == "dominated on test by plain_small: DOMINATED: plain_small reads +5"
+    assert mlflow_models.get_version_by_alias("stage-cascade", CHAMPION, root=root) is None
+    assert mlflow_models.get_version_by_alias("stage-cascade", CHALLENGER, root=root)["version"] == "1"
+    write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.9, "mean_macs": 1000.0},
+                                                    "shipped": {**shipped, "dominated": False}})
+    assert run_stage(root, model_dir) == 0
+    assert json.loads((root / "metrics/register.json").read_text())["passed"]
+
+
 def test_register_stage_errors(tmp_path: Path, model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
     write_json(root / "metrics" / "evaluate.json", {"cascade": {"accuracy": 0.9}})

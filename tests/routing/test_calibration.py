@@ -11,6 +11,7 @@ from pipeline.routing.calibration import (
     calibrate_delta,
     choose_ensemble_decay,
     exit_indices,
+    loss_bound,
     oracle,
     simulate_thresholds,
     threshold_grid,
@@ -161,3 +162,39 @@ def test_choose_ensemble_decay_prefers_accuracy_then_macs_then_the_smaller_decay
     assert choose_ensemble_decay({0.0: fits[0.0]}) == 0.0
     with pytest.raises(ValueError, match="no exit-ensemble decays"):
         choose_ensemble_decay({})
+
+
+# ----------------------------------------------------------------- the bound (calibrate.bound_z)
+
+
+def test_loss_bound_is_the_paired_mean_plus_z_standard_errors():
+    ref = np.array([1, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
+    right = np.array([1, 0, 1, 1, 1, 1, 0, 1], dtype=bool)
+    d = ref.astype(float) - right.astype(float)
+    assert loss_bound(ref, right, 0.0) == pytest.approx(d.mean())
+    assert loss_bound(ref, right, 2.0) == pytest.approx(d.mean() + 2 * d.std() / np.sqrt(8))
+    assert loss_bound(ref, ref, 3.0) == 0.0  # never disagreeing: no noise to pay for
+
+
+def test_z_zero_is_the_point_estimate_rule():
+    conf, correct, cum = synthetic(500, 3, seed=4)
+    assert calibrate_delta(conf, correct, cum, 0.01, 20, reference="best")[0] == \
+        calibrate_delta(conf, correct, cum, 0.01, 20, reference="best", z=0.0)[0]
+
+
+def test_the_bound_keeps_images_going_on_a_small_set_and_costs_little_on_a_large_one():
+    """On 60 images a threshold that looks free is a lucky draw: the bound spends more MACs; on 6,000
+    the two rules land close together."""
+    small, large = synthetic(60, 3, seed=1), synthetic(6000, 3, seed=1)
+
+    def macs(data, z):
+        conf, correct, cum = data
+        return simulate_thresholds(conf, correct, cum, calibrate_delta(*data, 0.02, 30, reference="best", z=z)[0])[1]
+
+    assert macs(small, 1.0) > 1.08 * macs(small, 0.0)
+    assert macs(large, 1.0) <= 1.01 * macs(large, 0.0)
+
+
+def test_a_negative_z_is_refused():
+    with pytest.raises(ValueError, match="z must be >= 0"):
+        calibrate_delta(*synthetic(10, 2, seed=0), 0.003, z=-1.0)

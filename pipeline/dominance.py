@@ -1,0 +1,66 @@
+"""Is the shipped model dominated? Read on test by ``evaluate`` (``metrics/evaluate.json`` ``shipped``),
+shown in the run's last lines and held against promotion by ``register``.
+
+The shipped model is the calibrated cascade (its operating point chosen on held-out images; an exit
+alone, a shorter cascade, is among the settings its rule can pick). Another model of the same run
+*dominates* it when it costs no more mean MACs and reads more than one standard error of the shipped
+model's test accuracy higher (``sqrt(p (1 - p) / n)``): a gap the test split's noise does not explain.
+The run's other models are each exit alone and the plain baselines (``plain_small``, ``plain_large``,
+the two chained). Pure: dicts in, dicts out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+WITHIN_BEST_EXIT = 0.003  # the shipped model may read this much (plus one SE) under its best exit
+BASELINES = ("plain_small", "plain_large", "two_cnn_cascade")
+
+
+def std_error(accuracy: float, n: int) -> float:
+    """Binomial standard error of an accuracy read on ``n`` images."""
+    if n < 1:
+        raise ValueError(f"need at least one test image, got {n}")
+    return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / n)
+
+
+def others(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Every other model an evaluate run reads on test, by name: each exit alone, the plain baselines."""
+    rows: dict[str, Mapping[str, Any]] = {f"exit {r['exit']} alone": r for r in results["each_exit_alone"]}
+    rows.update({name: results["baselines"][name] for name in BASELINES if name in results["baselines"]})
+    return rows
+
+
+def dominance(results: Mapping[str, Any], n_test: int) -> dict[str, Any]:
+    """The shipped cascade against every other model of the run, on test: who dominates it, how far it
+    reads under its best exit, and one sentence of verdict."""
+    shipped = results["cascade"]
+    acc, macs = float(shipped["accuracy"]), float(shipped["mean_macs"])
+    se = std_error(acc, n_test)
+    rows = []
+    for name, row in others(results).items():
+        a, m = float(row["accuracy"]), float(row["mean_macs"])
+        rows.append({"model": name, "accuracy": a, "mean_macs": m, "gain_pts": round(100 * (a - acc), 4),
+                     "macs_ratio": round(m / macs, 4) if macs else None,
+                     "dominates": m <= macs * (1 + 1e-9) and a > acc + se})
+    exits = [float(r["accuracy"]) for r in results["each_exit_alone"]]
+    best_exit = max(exits)
+    by = [r["model"] for r in rows if r["dominates"]]
+    gap = best_exit - acc
+    within = gap <= WITHIN_BEST_EXIT + se
+    if by:
+        worst = max((r for r in rows if r["dominates"]), key=lambda r: r["accuracy"])
+        verdict = (f"DOMINATED: {worst['model']} reads {worst['gain_pts']:+.2f} points at "
+                   f"{worst['macs_ratio']:.2f}x the shipped cascade's MACs (one SE is {100 * se:.2f} points "
+                   f"on {n_test} test images); the registry will not make it champion")
+    elif not within:
+        verdict = (f"not dominated, but {100 * gap:.2f} points under its best exit (more than "
+                   f"{100 * WITHIN_BEST_EXIT:.1f} + one SE of {100 * se:.2f})")
+    else:
+        verdict = (f"not dominated: no other model of this run at <= its MACs reads more than one SE "
+                   f"({100 * se:.2f} points on {n_test} test images) higher")
+    return {"model": "cascade", "accuracy": acc, "mean_macs": macs, "test_images": n_test, "se": se,
+            "dominated": bool(by), "dominated_by": by, "best_exit_accuracy": best_exit,
+            "gap_to_best_exit_pts": round(100 * gap, 4), "within_best_exit": within, "others": rows,
+            "verdict": verdict}
