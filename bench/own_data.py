@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.own_data_folders import FOLDERS, make_folder
+from pipeline.dominance import dominance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,10 +55,6 @@ def env_for(repo: Path) -> dict[str, str]:
             "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}", "PYTHONPATH": str(repo)}
 
 
-def std_error(acc: float, n: int) -> float:
-    return math.sqrt(max(acc * (1 - acc), 1e-12) / n)
-
-
 def rows_of(evaluation: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Every model a run can ship, as name -> {accuracy, mean_macs}, read from metrics/evaluate.json."""
     rows = {"cascade": evaluation["cascade"]}
@@ -70,22 +66,18 @@ def rows_of(evaluation: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
-    """The issue's checks on one run, read on test: who ships, who dominates it, the gap to the best exit."""
+    """The issue's checks on one run, read on test by the pipeline's own rule (pipeline.dominance): who
+    dominates the shipped cascade, and whether it reads within 0.3 points + 1 SE of its best exit."""
     n = int(sum(map(sum, evaluation["cascade"]["confusion"])))
-    rows = rows_of(evaluation)
-    shipped_name = evaluation.get("shipped", {}).get("name", "cascade")
-    shipped = evaluation.get("shipped", rows["cascade"])
-    acc, macs = float(shipped["accuracy"]), float(shipped["mean_macs"])
-    se = std_error(acc, n)
-    dominated_by = [k for k, r in rows.items() if k != shipped_name and r["mean_macs"] <= macs * (1 + 1e-9)
-                    and r["accuracy"] > acc + se]
-    best_exit = max((r for k, r in rows.items() if k.startswith("exit ")), key=lambda r: r["accuracy"])
-    return {"test_images": n, "shipped": shipped_name, "accuracy": acc, "mean_macs": macs, "se": se,
-            "dominated_by": dominated_by, "best_exit_accuracy": best_exit["accuracy"],
-            "within_best_exit": acc >= best_exit["accuracy"] - 0.003 - se, "rows": rows}
+    verdict = dominance(evaluation, n)
+    return {"test_images": n, "shipped": "cascade", "accuracy": verdict["accuracy"],
+            "mean_macs": verdict["mean_macs"], "se": verdict["se"], "dominated_by": verdict["dominated_by"],
+            "best_exit_accuracy": verdict["best_exit_accuracy"], "within_best_exit": verdict["within_best_exit"],
+            "rows": rows_of(evaluation)}
 
 
-def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None = None) -> dict[str, Any]:
+def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None = None,
+            overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """One pipeline run in a fresh copy of the working tree (kept under ``keep`` when given, for a look at
     its models and splits afterwards; else removed)."""
     with tempfile.TemporaryDirectory(prefix="cascade-own-data-") as tmp:
@@ -98,7 +90,8 @@ def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None
         started = time.perf_counter()
         with open(log, "w") as fh:
             status = subprocess.call([sys.executable, "-m", "pipeline.profiles", "--profile", profile, "--data",
-                                      f"imagefolder:{folder.resolve()}", "--", "-S", f"seed={seed}"],
+                                      f"imagefolder:{folder.resolve()}", "--", "-S", f"seed={seed}",
+                                      *(a for o in overrides for a in ("-S", o))],
                                      cwd=repo, env=env_for(repo), stdout=fh, stderr=subprocess.STDOUT)
         seconds = time.perf_counter() - started
         if status != 0:
@@ -106,8 +99,8 @@ def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None
         evaluation = json.loads((repo / "metrics" / "evaluate.json").read_text())
         meta = json.loads((repo / "data" / "prepared" / "meta.json").read_text())
         ingest = json.loads((repo / "metrics" / "ingest.json").read_text())
-    return {"folder": folder.name, "seed": seed, "pipeline_s": round(seconds, 1),
-            "input": meta.get("input", {}), "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
+    return {"folder": folder.name, "seed": seed, "pipeline_s": round(seconds, 1), "overrides": list(overrides),
+            "input": ingest.get("input", {}), "image_shape": meta.get("image_shape"), "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
             **judge(evaluation)}
 
 
@@ -138,7 +131,7 @@ def table(runs: list[dict[str, Any]]) -> str:
             continue
         rows = r["rows"]
         best = max((v for k, v in rows.items() if k.startswith("exit ")), key=lambda v: v["accuracy"])
-        shape = "x".join(map(str, r["input"].get("shape", []))) or "?"
+        shape = "x".join(map(str, r.get("image_shape") or r["input"].get("shape", []))) or "?"
         lines.append(f"| {r['folder']} | {r['seed']} | {shape} | {r['shipped']} | {100 * r['accuracy']:.2f}% "
                      f"({100 * r['se']:.2f}) | {r['mean_macs'] / 1e6:.2f} M | {cell(rows['cascade'])} | {cell(best)} "
                      f"| {cell(rows['plain_small'])} | {cell(rows['plain_large'])} | {cell(rows['two_cnn_cascade'])} "
@@ -154,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "out" / "own_data_folders",
                    help="where the folders are built (kept between runs)")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "own_data.json")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a params override for every run (dvc exp run -S), e.g. modules.m2.train.kd=1.0")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's repository under this folder")
     p.add_argument("--report", type=Path, default=None, help="print the tables of an earlier run and stop")
     args = p.parse_args(argv)
@@ -169,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = make_folder(name, args.data_dir)
         for seed in args.seeds:
             print(f"own_data: {name} seed {seed} ...", flush=True)
-            runs.append(run_one(folder, seed, args.profile, logs, args.keep))
+            runs.append(run_one(folder, seed, args.profile, logs, args.keep, tuple(args.set)))
             args.out.write_text(json.dumps({"profile": args.profile, "runs": runs, "summary": summary(runs)},
                                            indent=2) + "\n")
             print(table(runs[-1:]).splitlines()[-1], flush=True)

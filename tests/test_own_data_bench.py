@@ -1,0 +1,42 @@
+"""bench.own_data: the folders it builds and the checks it reads off a run (the runs themselves are the
+bench's, minutes each; the end-to-end path is tests/e2e/test_quickstart.py's)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.own_data import judge, summary, table
+from bench.own_data_folders import SHAPES, colourise, scene
+
+
+def evaluation(cascade: float, exits: list[float], small: float, n: int = 300) -> dict:
+    row = lambda acc, macs: {"accuracy": acc, "mean_macs": macs}  # noqa: E731
+    right = round(cascade * n)
+    return {"cascade": {**row(cascade, 2e6), "confusion": [[right, 0], [n - right, 0]]},
+            "each_exit_alone": [{"exit": k + 1, **row(a, (k + 1) * 1e6)} for k, a in enumerate(exits)],
+            "baselines": {"plain_small": row(small, 1e6), "plain_large": row(0.9, 8e6),
+                          "two_cnn_cascade": row(0.88, 4e6)}}
+
+
+def test_judge_finds_who_dominates_and_the_gap_to_the_best_exit():
+    out = judge(evaluation(0.80, [0.75, 0.82, 0.82], small=0.86))
+    assert out["test_images"] == 300 and out["dominated_by"] == ["plain_small"]
+    assert out["within_best_exit"]  # 2 points under, and 0.3 + one SE on 300 images is 2.6
+    clean = judge(evaluation(0.80, [0.75, 0.81, 0.95], small=0.80))
+    assert clean["dominated_by"] == [] and not clean["within_best_exit"]
+    runs = [{"folder": "f", "seed": 0, "pipeline_s": 60.0, "input": {"shape": [3, 48, 48]}, **out}]
+    assert "| f | 0 | 3x48x48 | cascade | 80.00%" in table(runs)
+    assert summary(runs)["never_dominated"] is False
+    assert summary(runs)["mean_macs_share_of_plain_large"] == pytest.approx(0.25)
+
+
+def test_the_scenes_and_the_colourised_garments_are_what_they_say():
+    rng = np.random.default_rng(0)
+    for shape in SHAPES:
+        img = scene(shape, 64, rng)
+        assert img.shape == (64, 64, 3) and img.dtype == np.uint8
+    with pytest.raises(ValueError, match="unknown shape"):
+        scene("hexagon", 64, rng)
+    garment = colourise(np.full((28, 28), 255, dtype=np.uint8), 48, rng)
+    assert garment.shape == (48, 48, 3) and garment.std(axis=2).mean() > 5  # colour, not grey
