@@ -76,6 +76,16 @@ def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
             "rows": rows_of(evaluation)}
 
 
+def held_out_figures(repo: Path) -> dict[str, Any]:
+    """The figures a choice between settings may read: accuracies on the held-out images (route +
+    calib) that calibrate and baselines fit on, never on test."""
+    cal = json.loads((repo / "metrics" / "calibrate.json").read_text())["selected"]
+    base = json.loads((repo / "metrics" / "baselines.json").read_text())
+    return {"cascade": cal["accuracy"], "cascade_mean_macs": cal["mean_macs"], "exits": cal["exit_accuracy"],
+            **{name: base[name]["calib_accuracy"] for name in ("plain_small", "plain_large", "two_cnn_cascade")},
+            "images": base.get("calib_images")}
+
+
 def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None = None,
             overrides: tuple[str, ...] = ()) -> dict[str, Any]:
     """One pipeline run in a fresh copy of the working tree (kept under ``keep`` when given, for a look at
@@ -99,8 +109,9 @@ def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None
         evaluation = json.loads((repo / "metrics" / "evaluate.json").read_text())
         meta = json.loads((repo / "data" / "prepared" / "meta.json").read_text())
         ingest = json.loads((repo / "metrics" / "ingest.json").read_text())
+        held_out = held_out_figures(repo)
     return {"folder": folder.name, "seed": seed, "pipeline_s": round(seconds, 1), "overrides": list(overrides),
-            "input": ingest.get("input", {}), "image_shape": meta.get("image_shape"), "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
+            "input": ingest.get("input", {}), "image_shape": meta.get("image_shape"), "held_out": held_out, "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
             **judge(evaluation)}
 
 
