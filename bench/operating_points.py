@@ -30,8 +30,12 @@ from pipeline.config import load_params, section
 from pipeline.io import load_split
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 
-RULES = {"calib, estimate": ("calib", 0.0), "pooled, estimate": ("pooled", 0.0),
-         "calib, bound": ("calib", None), "pooled, bound": ("pooled", None)}
+RULES = {
+    "calib, estimate": ("calib", 0.0),
+    "pooled, estimate": ("pooled", 0.0),
+    "calib, bound": ("calib", None),
+    "pooled, bound": ("pooled", None),
+}
 
 
 def outputs(repo: Path) -> tuple[dict[str, Any], str, dict]:
@@ -45,8 +49,15 @@ def outputs(repo: Path) -> tuple[dict[str, Any], str, dict]:
         data = load_split(repo / "data" / "prepared", split)
         logits, cum = exit_outputs(model.stages, preprocess(data.images, model.meta), kind)
         outs[split] = (logits, cum, torch.from_numpy(data.labels))
-    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
-           "ensemble_decays": [0.0], **section(load_params(repo / "params.yaml"), "calibrate")}
+    cfg = {
+        "mode": "delta",
+        "delta": 0.003,
+        "budget_macs": None,
+        "grid": 50,
+        "reference": "best",
+        "ensemble_decays": [0.0],
+        **section(load_params(repo / "params.yaml"), "calibrate"),
+    }
     return outs, kind, cfg
 
 
@@ -64,13 +75,19 @@ def compare(repo: Path, z: float) -> dict[str, Any]:
     rows = {}
     for name, (held_out, rule_z) in RULES.items():
         data = outs["calib"] if held_out == "calib" else join(outs["route"], outs["calib"])
-        fitted = fit_best_ensemble(*data, {**cfg, "mode": "delta", "bound_z": z if rule_z is None else rule_z}, kind)
+        fitted = fit_best_ensemble(
+            *data, {**cfg, "mode": "delta", "bound_z": z if rule_z is None else rule_z}, kind
+        )
         acc, macs = score(outs["test"], fitted["thresholds"], fitted["ensemble_decay"], kind)
         se = math.sqrt(max(acc * (1 - acc), 1e-12) / n)
-        rows[name] = {"accuracy": acc, "mean_macs": macs, "gap_to_best_exit_pts": 100 * (best - acc),
-                      "gap_in_se": (best - acc) / se,
-                      "dominated_by_exit": [k + 1 for k, (a, m) in enumerate(exits) if m <= macs and a > acc + se],
-                      "held_out_images": len(data[2])}
+        rows[name] = {
+            "accuracy": acc,
+            "mean_macs": macs,
+            "gap_to_best_exit_pts": 100 * (best - acc),
+            "gap_in_se": (best - acc) / se,
+            "dominated_by_exit": [k + 1 for k, (a, m) in enumerate(exits) if m <= macs and a > acc + se],
+            "held_out_images": len(data[2]),
+        }
     return {"repo": str(repo), "test_images": n, "each_exit": exits, "rules": rows}
 
 
@@ -85,16 +102,24 @@ def main(argv: list[str] | None = None) -> int:
     for repo in args.repo:
         r = compare(repo, args.z)
         results.append(r)
-        print(f"{repo.name}: {r['test_images']} test images; exits on test "
-              + ", ".join(f"{100 * a:.2f}% @ {m / 1e6:.2f} M" for a, m in r["each_exit"]))
+        print(
+            f"{repo.name}: {r['test_images']} test images; exits on test "
+            + ", ".join(f"{100 * a:.2f}% @ {m / 1e6:.2f} M" for a, m in r["each_exit"])
+        )
         for name, row in r["rules"].items():
-            print(f"  {name:>17} ({row['held_out_images']:>5} images): {100 * row['accuracy']:.2f}% at "
-                  f"{row['mean_macs'] / 1e6:.2f} M, {row['gap_to_best_exit_pts']:+.2f} pts under the best exit "
-                  f"({row['gap_in_se']:+.2f} SE); dominated by exit {row['dominated_by_exit'] or '-'}")
-    summary = {name: {"mean_gap_in_se": float(np.mean([r["rules"][name]["gap_in_se"] for r in results])),
-                      "worst_gap_in_se": float(max(r["rules"][name]["gap_in_se"] for r in results)),
-                      "dominated_runs": sum(bool(r["rules"][name]["dominated_by_exit"]) for r in results)}
-               for name in RULES}
+            print(
+                f"  {name:>17} ({row['held_out_images']:>5} images): {100 * row['accuracy']:.2f}% at "
+                f"{row['mean_macs'] / 1e6:.2f} M, {row['gap_to_best_exit_pts']:+.2f} pts under the best exit "
+                f"({row['gap_in_se']:+.2f} SE); dominated by exit {row['dominated_by_exit'] or '-'}"
+            )
+    summary = {
+        name: {
+            "mean_gap_in_se": float(np.mean([r["rules"][name]["gap_in_se"] for r in results])),
+            "worst_gap_in_se": float(max(r["rules"][name]["gap_in_se"] for r in results)),
+            "dominated_runs": sum(bool(r["rules"][name]["dominated_by_exit"]) for r in results),
+        }
+        for name in RULES
+    }
     print(json.dumps(summary, indent=2))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"z": args.z, "runs": results, "summary": summary}, indent=2) + "\n")

@@ -37,22 +37,36 @@ ROOT = Path(__file__).resolve().parents[1]
 def working_copy(dest: Path) -> Path:
     """The working tree's files (tracked and untracked, not ignored) in a fresh git repo at ``dest``,
     with this checkout's .venv linked in."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for rel in (line for line in out.splitlines() if line and (ROOT / line).is_file()):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, dest / rel)
     (dest / ".venv").symlink_to(ROOT / ".venv")
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=b@example.com", "-c", "user.name=bench", "commit", "-qm", "copy"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.email=b@example.com", "-c", "user.name=bench", "commit", "-qm", "copy"],
+    ):
         subprocess.run(cmd, cwd=dest, check=True, capture_output=True)
     return dest
 
 
 def env_for(repo: Path) -> dict[str, str]:
-    return {**os.environ, "PATH": f"{repo / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
-            "DVC_NO_ANALYTICS": "1", "MLFLOW_ENABLE_TELEMETRY": "false", "GX_ANALYTICS_ENABLED": "false",
-            "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}", "PYTHONPATH": str(repo)}
+    return {
+        **os.environ,
+        "PATH": f"{repo / '.venv' / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "DVC_NO_ANALYTICS": "1",
+        "MLFLOW_ENABLE_TELEMETRY": "false",
+        "GX_ANALYTICS_ENABLED": "false",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}",
+        "PYTHONPATH": str(repo),
+    }
 
 
 def rows_of(evaluation: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -62,7 +76,9 @@ def rows_of(evaluation: dict[str, Any]) -> dict[str, dict[str, float]]:
         rows[f"exit {row['exit']}"] = row
     for name in ("plain_small", "plain_large", "two_cnn_cascade"):
         rows[name] = evaluation["baselines"][name]
-    return {k: {"accuracy": float(v["accuracy"]), "mean_macs": float(v["mean_macs"])} for k, v in rows.items()}
+    return {
+        k: {"accuracy": float(v["accuracy"]), "mean_macs": float(v["mean_macs"])} for k, v in rows.items()
+    }
 
 
 def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
@@ -70,10 +86,17 @@ def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
     dominates the shipped cascade, and whether it reads within 0.3 points + 1 SE of its best exit."""
     n = int(sum(map(sum, evaluation["cascade"]["confusion"])))
     verdict = dominance(evaluation, n)
-    return {"test_images": n, "shipped": "cascade", "accuracy": verdict["accuracy"],
-            "mean_macs": verdict["mean_macs"], "se": verdict["se"], "dominated_by": verdict["dominated_by"],
-            "best_exit_accuracy": verdict["best_exit_accuracy"], "within_best_exit": verdict["within_best_exit"],
-            "rows": rows_of(evaluation)}
+    return {
+        "test_images": n,
+        "shipped": "cascade",
+        "accuracy": verdict["accuracy"],
+        "mean_macs": verdict["mean_macs"],
+        "se": verdict["se"],
+        "dominated_by": verdict["dominated_by"],
+        "best_exit_accuracy": verdict["best_exit_accuracy"],
+        "within_best_exit": verdict["within_best_exit"],
+        "rows": rows_of(evaluation),
+    }
 
 
 def held_out_figures(repo: Path) -> dict[str, Any]:
@@ -81,13 +104,23 @@ def held_out_figures(repo: Path) -> dict[str, Any]:
     calib) that calibrate and baselines fit on, never on test."""
     cal = json.loads((repo / "metrics" / "calibrate.json").read_text())["selected"]
     base = json.loads((repo / "metrics" / "baselines.json").read_text())
-    return {"cascade": cal["accuracy"], "cascade_mean_macs": cal["mean_macs"], "exits": cal["exit_accuracy"],
-            **{name: base[name]["calib_accuracy"] for name in ("plain_small", "plain_large", "two_cnn_cascade")},
-            "images": base.get("calib_images")}
+    return {
+        "cascade": cal["accuracy"],
+        "cascade_mean_macs": cal["mean_macs"],
+        "exits": cal["exit_accuracy"],
+        **{name: base[name]["calib_accuracy"] for name in ("plain_small", "plain_large", "two_cnn_cascade")},
+        "images": base.get("calib_images"),
+    }
 
 
-def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None = None,
-            overrides: tuple[str, ...] = ()) -> dict[str, Any]:
+def run_one(
+    folder: Path,
+    seed: int,
+    profile: str,
+    logs: Path,
+    keep: Path | None = None,
+    overrides: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """One pipeline run in a fresh copy of the working tree (kept under ``keep`` when given, for a look at
     its models and splits afterwards; else removed)."""
     with tempfile.TemporaryDirectory(prefix="cascade-own-data-") as tmp:
@@ -99,10 +132,25 @@ def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None
         log = logs / f"{folder.name}-seed{seed}.log"
         started = time.perf_counter()
         with open(log, "w") as fh:
-            status = subprocess.call([sys.executable, "-m", "pipeline.profiles", "--profile", profile, "--data",
-                                      f"imagefolder:{folder.resolve()}", "--", "-S", f"seed={seed}",
-                                      *(a for o in overrides for a in ("-S", o))],
-                                     cwd=repo, env=env_for(repo), stdout=fh, stderr=subprocess.STDOUT)
+            status = subprocess.call(
+                [
+                    sys.executable,
+                    "-m",
+                    "pipeline.profiles",
+                    "--profile",
+                    profile,
+                    "--data",
+                    f"imagefolder:{folder.resolve()}",
+                    "--",
+                    "-S",
+                    f"seed={seed}",
+                    *(a for o in overrides for a in ("-S", o)),
+                ],
+                cwd=repo,
+                env=env_for(repo),
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
         seconds = time.perf_counter() - started
         if status != 0:
             return {"folder": folder.name, "seed": seed, "failed": f"exit {status}, log {log}"}
@@ -110,9 +158,17 @@ def run_one(folder: Path, seed: int, profile: str, logs: Path, keep: Path | None
         meta = json.loads((repo / "data" / "prepared" / "meta.json").read_text())
         ingest = json.loads((repo / "metrics" / "ingest.json").read_text())
         held_out = held_out_figures(repo)
-    return {"folder": folder.name, "seed": seed, "pipeline_s": round(seconds, 1), "overrides": list(overrides),
-            "input": ingest.get("input", {}), "image_shape": meta.get("image_shape"), "held_out": held_out, "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
-            **judge(evaluation)}
+    return {
+        "folder": folder.name,
+        "seed": seed,
+        "pipeline_s": round(seconds, 1),
+        "overrides": list(overrides),
+        "input": ingest.get("input", {}),
+        "image_shape": meta.get("image_shape"),
+        "held_out": held_out,
+        "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
+        **judge(evaluation),
+    }
 
 
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -121,17 +177,26 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return {}
     shipped = sum(r["accuracy"] for r in ok) / len(ok)
     large = [r["rows"]["plain_large"] for r in ok]
-    return {"runs": len(ok), "failed": len(runs) - len(ok),
-            "never_dominated": all(not r["dominated_by"] for r in ok),
-            "within_best_exit": all(r["within_best_exit"] for r in ok),
-            "mean_accuracy": shipped, "mean_plain_large_accuracy": sum(x["accuracy"] for x in large) / len(ok),
-            "mean_macs_share_of_plain_large": sum(r["mean_macs"] / x["mean_macs"] for r, x in zip(ok, large,
-                                                                                                 strict=True)) / len(ok)}
+    return {
+        "runs": len(ok),
+        "failed": len(runs) - len(ok),
+        "never_dominated": all(not r["dominated_by"] for r in ok),
+        "within_best_exit": all(r["within_best_exit"] for r in ok),
+        "mean_accuracy": shipped,
+        "mean_plain_large_accuracy": sum(x["accuracy"] for x in large) / len(ok),
+        "mean_macs_share_of_plain_large": sum(
+            r["mean_macs"] / x["mean_macs"] for r, x in zip(ok, large, strict=True)
+        )
+        / len(ok),
+    }
 
 
 def table(runs: list[dict[str, Any]]) -> str:
-    lines = ["| folder | seed | input | shipped | acc (SE) | MACs | cascade | best exit | plain_small | plain_large "
-             "| two_cnn | dominated by | minutes |", "|" + " --- |" * 13]
+    lines = [
+        "| folder | seed | input | shipped | acc (SE) | MACs | cascade | best exit | plain_small "
+        "| plain_large | two_cnn | dominated by | minutes |",
+        "|" + " --- |" * 13,
+    ]
 
     def cell(row: dict[str, float]) -> str:
         return f"{100 * row['accuracy']:.2f}% @ {row['mean_macs'] / 1e6:.2f} M"
@@ -143,10 +208,12 @@ def table(runs: list[dict[str, Any]]) -> str:
         rows = r["rows"]
         best = max((v for k, v in rows.items() if k.startswith("exit ")), key=lambda v: v["accuracy"])
         shape = "x".join(map(str, r.get("image_shape") or r["input"].get("shape", []))) or "?"
-        lines.append(f"| {r['folder']} | {r['seed']} | {shape} | {r['shipped']} | {100 * r['accuracy']:.2f}% "
-                     f"({100 * r['se']:.2f}) | {r['mean_macs'] / 1e6:.2f} M | {cell(rows['cascade'])} | {cell(best)} "
-                     f"| {cell(rows['plain_small'])} | {cell(rows['plain_large'])} | {cell(rows['two_cnn_cascade'])} "
-                     f"| {', '.join(r['dominated_by']) or '-'} | {r['pipeline_s'] / 60:.1f} |")
+        lines.append(
+            f"| {r['folder']} | {r['seed']} | {shape} | {r['shipped']} | {100 * r['accuracy']:.2f}% "
+            f"({100 * r['se']:.2f}) | {r['mean_macs'] / 1e6:.2f} M | {cell(rows['cascade'])} | {cell(best)} "
+            f"| {cell(rows['plain_small'])} | {cell(rows['plain_large'])} | {cell(rows['two_cnn_cascade'])} "
+            f"| {', '.join(r['dominated_by']) or '-'} | {r['pipeline_s'] / 60:.1f} |"
+        )
     return "\n".join(lines)
 
 
@@ -155,11 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--folders", nargs="*", default=list(FOLDERS), help="default: all")
     p.add_argument("--seeds", nargs="*", type=int, default=[0, 1, 2])
     p.add_argument("--profile", default="quick")
-    p.add_argument("--data-dir", type=Path, default=ROOT / "bench" / "out" / "own_data_folders",
-                   help="where the folders are built (kept between runs)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=ROOT / "bench" / "out" / "own_data_folders",
+        help="where the folders are built (kept between runs)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "own_data.json")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="a params override for every run (dvc exp run -S), e.g. modules.m2.train.kd=1.0")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a params override for every run (dvc exp run -S), e.g. modules.m2.train.kd=1.0",
+    )
     p.add_argument("--keep", type=Path, default=None, help="keep each run's repository under this folder")
     p.add_argument("--report", type=Path, default=None, help="print the tables of an earlier run and stop")
     args = p.parse_args(argv)
@@ -176,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             print(f"own_data: {name} seed {seed} ...", flush=True)
             runs.append(run_one(folder, seed, args.profile, logs, args.keep, tuple(args.set)))
-            args.out.write_text(json.dumps({"profile": args.profile, "runs": runs, "summary": summary(runs)},
-                                           indent=2) + "\n")
+            args.out.write_text(
+                json.dumps({"profile": args.profile, "runs": runs, "summary": summary(runs)}, indent=2) + "\n"
+            )
             print(table(runs[-1:]).splitlines()[-1], flush=True)
     print(table(runs))
     print(json.dumps(summary(runs), indent=2))

@@ -5,12 +5,11 @@ a seed. One sub-folder per class, PNG or JPEG inside, as ``imagefolder:<dir>`` r
     python -m bench.own_data_folders --out /tmp/folders            # all four
     python -m bench.own_data_folders --out /tmp/folders --only scenes-colour-64
 
-| folder | images | size, mode | classes | what it tests |
-| --- | --- | --- | --- | --- |
-| shop-colour-48 | 1,550 JPEG | 48 px RGB | 5, unbalanced 500/400/300/200/150 (a space, a non-ASCII name) | the issue's folder: colour and size must not be dropped; a small calib split |
-| fashion-grey-28 | 2,100 PNG | 28 px grey | 6 confusable garments, unbalanced 600/450/350/300/250/150 | small grey data, hard classes |
-| digits-grey-32 | 1,797 PNG | 32 px grey (from 8 px) | 10, balanced | an easy folder where every model is near perfect |
-| scenes-colour-64 | 2,400 PNG | 64 px RGB | 6 shapes, balanced | hard: a small shape off-centre among clutter |
+- shop-colour-48: 1,550 JPEG, 48 px RGB, 5 garment classes unbalanced 500/400/300/200/150 (one name
+  with a space, one with a non-ASCII letter): the issue's folder; colour and size must not be dropped.
+- fashion-grey-28: 2,100 PNG, 28 px grey, 6 confusable garments unbalanced 600/450/350/300/250/150.
+- digits-grey-32: 1,797 PNG, 32 px grey (upscaled from 8 px, noise added), 10 balanced classes: easy.
+- scenes-colour-64: 2,400 PNG, 64 px RGB, 6 shapes balanced: hard, a small shape off-centre in clutter.
 """
 
 from __future__ import annotations
@@ -23,15 +22,28 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-SHOP_CLASSES = {0: ("t shirt", 500), 1: ("trouser", 400), 2: ("pullover", 300), 3: ("dréss", 200), 4: ("coat", 150)}
-FASHION_CLASSES = {0: ("t-shirt", 600), 2: ("pullover", 450), 4: ("coat", 350), 6: ("shirt", 300),
-                   3: ("dress", 250), 8: ("bag", 150)}
+SHOP_CLASSES = {
+    0: ("t shirt", 500),
+    1: ("trouser", 400),
+    2: ("pullover", 300),
+    3: ("dréss", 200),
+    4: ("coat", 150),
+}
+FASHION_CLASSES = {
+    0: ("t-shirt", 600),
+    2: ("pullover", 450),
+    4: ("coat", 350),
+    6: ("shirt", 300),
+    3: ("dress", 250),
+    8: ("bag", 150),
+}
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "frame")
 SCENES_PER_CLASS = 400
 
 
-def _fashion_rows(classes: dict[int, tuple[str, int]], rng: np.random.Generator
-                  ) -> list[tuple[str, np.ndarray]]:
+def _fashion_rows(
+    classes: dict[int, tuple[str, int]], rng: np.random.Generator
+) -> list[tuple[str, np.ndarray]]:
     from pipeline.data.sources import load_fashion_mnist
 
     data = load_fashion_mnist()
@@ -133,7 +145,9 @@ def make_digits(folder: Path, seed: int) -> Path:
     rng = np.random.default_rng(seed + 2)
     bunch = load_digits()
     for i, (img, label) in enumerate(zip(bunch.images, bunch.target, strict=True)):
-        grey = Image.fromarray(np.clip(img * 255 / 16, 0, 255).astype(np.uint8)).resize((32, 32), Image.BICUBIC)
+        grey = Image.fromarray(np.clip(img * 255 / 16, 0, 255).astype(np.uint8)).resize(
+            (32, 32), Image.BICUBIC
+        )
         noisy = np.clip(np.asarray(grey, dtype=np.float64) + rng.normal(0, 8, (32, 32)), 0, 255)
         _save(folder, f"digit {label}", i, noisy.astype(np.uint8), ".png")
     return folder
@@ -171,7 +185,9 @@ def make_folder(name: str, root: Path, seed: int = 0) -> Path:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True, help="where the folders are written")
-    p.add_argument("--only", nargs="*", default=list(FOLDERS), help=f"folders (default all: {', '.join(FOLDERS)})")
+    p.add_argument(
+        "--only", nargs="*", default=list(FOLDERS), help=f"folders (default all: {', '.join(FOLDERS)})"
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     for name in args.only:

@@ -41,9 +41,16 @@ def dominance(results: Mapping[str, Any], n_test: int) -> dict[str, Any]:
     rows = []
     for name, row in others(results).items():
         a, m = float(row["accuracy"]), float(row["mean_macs"])
-        rows.append({"model": name, "accuracy": a, "mean_macs": m, "gain_pts": round(100 * (a - acc), 4),
-                     "macs_ratio": round(m / macs, 4) if macs else None,
-                     "dominates": m <= macs * (1 + 1e-9) and a > acc + se})
+        rows.append(
+            {
+                "model": name,
+                "accuracy": a,
+                "mean_macs": m,
+                "gain_pts": round(100 * (a - acc), 4),
+                "macs_ratio": round(m / macs, 4) if macs else None,
+                "dominates": m <= macs * (1 + 1e-9) and a > acc + se,
+            }
+        )
     exits = [float(r["accuracy"]) for r in results["each_exit_alone"]]
     best_exit = max(exits)
     by = [r["model"] for r in rows if r["dominates"]]
@@ -51,16 +58,32 @@ def dominance(results: Mapping[str, Any], n_test: int) -> dict[str, Any]:
     within = gap <= WITHIN_BEST_EXIT + se
     if by:
         worst = max((r for r in rows if r["dominates"]), key=lambda r: r["accuracy"])
-        verdict = (f"DOMINATED: {worst['model']} reads {worst['gain_pts']:+.2f} points at "
-                   f"{worst['macs_ratio']:.2f}x the shipped cascade's MACs (one SE is {100 * se:.2f} points "
-                   f"on {n_test} test images); the registry will not make it champion")
+        verdict = (
+            f"DOMINATED: {worst['model']} reads {worst['gain_pts']:+.2f} points at "
+            f"{worst['macs_ratio']:.2f}x the shipped cascade's MACs (one SE is {100 * se:.2f} points "
+            f"on {n_test} test images); the registry will not make it champion"
+        )
     elif not within:
-        verdict = (f"not dominated, but {100 * gap:.2f} points under its best exit (more than "
-                   f"{100 * WITHIN_BEST_EXIT:.1f} + one SE of {100 * se:.2f})")
+        verdict = (
+            f"not dominated, but {100 * gap:.2f} points under its best exit (more than "
+            f"{100 * WITHIN_BEST_EXIT:.1f} + one SE of {100 * se:.2f})"
+        )
     else:
-        verdict = (f"not dominated: no other model of this run at <= its MACs reads more than one SE "
-                   f"({100 * se:.2f} points on {n_test} test images) higher")
-    return {"model": "cascade", "accuracy": acc, "mean_macs": macs, "test_images": n_test, "se": se,
-            "dominated": bool(by), "dominated_by": by, "best_exit_accuracy": best_exit,
-            "gap_to_best_exit_pts": round(100 * gap, 4), "within_best_exit": within, "others": rows,
-            "verdict": verdict}
+        verdict = (
+            f"not dominated: no other model of this run at <= its MACs reads more than one SE "
+            f"({100 * se:.2f} points on {n_test} test images) higher"
+        )
+    return {
+        "model": "cascade",
+        "accuracy": acc,
+        "mean_macs": macs,
+        "test_images": n_test,
+        "se": se,
+        "dominated": bool(by),
+        "dominated_by": by,
+        "best_exit_accuracy": best_exit,
+        "gap_to_best_exit_pts": round(100 * gap, 4),
+        "within_best_exit": within,
+        "others": rows,
+        "verdict": verdict,
+    }

@@ -9,12 +9,19 @@ import pytest
 from pipeline.dominance import dominance, std_error
 
 
-def results(cascade: tuple[float, float], exits: list[tuple[float, float]], small: tuple[float, float],
-            large: tuple[float, float] = (0.95, 9e6), two: tuple[float, float] = (0.94, 5e6)) -> dict:
+def results(
+    cascade: tuple[float, float],
+    exits: list[tuple[float, float]],
+    small: tuple[float, float],
+    large: tuple[float, float] = (0.95, 9e6),
+    two: tuple[float, float] = (0.94, 5e6),
+) -> dict:
     row = lambda acc, macs: {"accuracy": acc, "mean_macs": macs}  # noqa: E731
-    return {"cascade": row(*cascade),
-            "each_exit_alone": [{"exit": k + 1, **row(*e)} for k, e in enumerate(exits)],
-            "baselines": {"plain_small": row(*small), "plain_large": row(*large), "two_cnn_cascade": row(*two)}}
+    return {
+        "cascade": row(*cascade),
+        "each_exit_alone": [{"exit": k + 1, **row(*e)} for k, e in enumerate(exits)],
+        "baselines": {"plain_small": row(*small), "plain_large": row(*large), "two_cnn_cascade": row(*two)},
+    }
 
 
 def test_a_cheaper_model_more_than_one_se_better_dominates():

@@ -13,10 +13,15 @@ from bench.own_data_folders import SHAPES, colourise, scene
 def evaluation(cascade: float, exits: list[float], small: float, n: int = 300) -> dict:
     row = lambda acc, macs: {"accuracy": acc, "mean_macs": macs}  # noqa: E731
     right = round(cascade * n)
-    return {"cascade": {**row(cascade, 2e6), "confusion": [[right, 0], [n - right, 0]]},
-            "each_exit_alone": [{"exit": k + 1, **row(a, (k + 1) * 1e6)} for k, a in enumerate(exits)],
-            "baselines": {"plain_small": row(small, 1e6), "plain_large": row(0.9, 8e6),
-                          "two_cnn_cascade": row(0.88, 4e6)}}
+    return {
+        "cascade": {**row(cascade, 2e6), "confusion": [[right, 0], [n - right, 0]]},
+        "each_exit_alone": [{"exit": k + 1, **row(a, (k + 1) * 1e6)} for k, a in enumerate(exits)],
+        "baselines": {
+            "plain_small": row(small, 1e6),
+            "plain_large": row(0.9, 8e6),
+            "two_cnn_cascade": row(0.88, 4e6),
+        },
+    }
 
 
 def test_judge_finds_who_dominates_and_the_gap_to_the_best_exit():

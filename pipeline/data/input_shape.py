@@ -50,8 +50,12 @@ class InputChoice:
     colour_share: float | None = None  # share of sampled images that carry colour
 
     def to_json(self) -> dict:
-        return {"shape": [self.channels, self.image_size, self.image_size], "reason": self.reason,
-                "native_size": self.native_size, "colour_share": self.colour_share}
+        return {
+            "shape": [self.channels, self.image_size, self.image_size],
+            "reason": self.reason,
+            "native_size": self.native_size,
+            "colour_share": self.colour_share,
+        }
 
 
 def carries_colour(rgb: np.ndarray) -> bool:
@@ -62,8 +66,13 @@ def carries_colour(rgb: np.ndarray) -> bool:
 
 def sample_files(directory: Path, sample: int = SAMPLE) -> list[Path]:
     """Up to ``sample`` images of an image folder, spread evenly over its sorted list of files."""
-    files = sorted(p for d in sorted(directory.iterdir()) if d.is_dir() and not d.name.startswith(".")
-                   for p in d.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    files = sorted(
+        p
+        for d in sorted(directory.iterdir())
+        if d.is_dir() and not d.name.startswith(".")
+        for p in d.iterdir()
+        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+    )
     if not files:
         raise DataError(f"image folder {directory} holds no PNG/JPEG images")
     picks = np.unique(np.linspace(0, len(files) - 1, min(sample, len(files))).round().astype(int))
@@ -108,17 +117,27 @@ def native_input(source: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[int
         return min(height, width), 0.0, "IDX images"
     if kind == "digits":
         return 8, 0.0, "scikit-learn digits"
-    raise DataError(f"unknown data source {source!r}; use fashion-mnist, idx:<dir>, imagefolder:<dir> or digits")
+    raise DataError(
+        f"unknown data source {source!r}; use fashion-mnist, idx:<dir>, imagefolder:<dir> or digits"
+    )
 
 
-def choose_input(image_size: int | str, channels: int | str, native: int, colour_share: float, what: str
-                 ) -> InputChoice:
+def choose_input(
+    image_size: int | str, channels: int | str, native: int, colour_share: float, what: str
+) -> InputChoice:
     """The input shape from params (an int wins) and the data (``auto``), with the reason in words."""
     words = []
     if image_size == "auto":
         size = min(max(native, AUTO_MIN_SIZE), AUTO_MAX_SIZE)
-        note = "" if size == native else (f", capped at {AUTO_MAX_SIZE} (data.image_size sets another)"
-                                          if size < native else f", raised to the floor of {AUTO_MIN_SIZE}")
+        note = (
+            ""
+            if size == native
+            else (
+                f", capped at {AUTO_MAX_SIZE} (data.image_size sets another)"
+                if size < native
+                else f", raised to the floor of {AUTO_MIN_SIZE}"
+            )
+        )
         words.append(f"size {size} (auto: median shorter side {native} px over the {what}{note})")
     else:
         size = int(image_size)
@@ -127,23 +146,34 @@ def choose_input(image_size: int | str, channels: int | str, native: int, colour
     colour = colour_share > COLOUR_IMAGE_SHARE
     if channels == "auto":
         chans = 3 if colour else 1
-        words.append(f"{'colour' if colour else 'grey'} (auto: {100 * colour_share:.0f}% of the {what} "
-                     "carry colour)")
+        words.append(
+            f"{'colour' if colour else 'grey'} (auto: {100 * colour_share:.0f}% of the {what} carry colour)"
+        )
     else:
         chans = int(channels)
-        note = (f"; {100 * colour_share:.0f}% of the images carry colour: colour dropped"
-                if chans == 1 and colour else "")
+        note = (
+            f"; {100 * colour_share:.0f}% of the images carry colour: colour dropped"
+            if chans == 1 and colour
+            else ""
+        )
         words.append(f"{'colour' if chans == 3 else 'grey'} (data.channels{note})")
     return InputChoice(size, chans, f"input {chans}x{size}x{size}: " + ", ".join(words), native, colour_share)
 
 
-def resolve_input(source: str, image_size: int | str, channels: int | str,
-                  max_pixels: int = DEFAULT_MAX_PIXELS) -> InputChoice:
+def resolve_input(
+    source: str, image_size: int | str, channels: int | str, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> InputChoice:
     """The input shape ingest converts ``source``'s images to (:func:`choose_input` on what it holds)."""
     native, share, what = native_input(source, max_pixels)
     choice = choose_input(image_size, channels, native, share, what)
     if source.partition(":")[0] != "imagefolder" and choice.channels != 1:  # IDX and digits are grey
-        return InputChoice(choice.image_size, 1, choice.reason.replace("input 3x", "input 1x").replace(
-            "colour (data.channels)", "grey (IDX and digits sources are grey whatever data.channels says)"),
-            native, share)
+        return InputChoice(
+            choice.image_size,
+            1,
+            choice.reason.replace("input 3x", "input 1x").replace(
+                "colour (data.channels)", "grey (IDX and digits sources are grey whatever data.channels says)"
+            ),
+            native,
+            share,
+        )
     return choice

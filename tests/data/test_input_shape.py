@@ -27,8 +27,11 @@ def folder(root: Path, size: tuple[int, int], colour: bool, per_class: int = 4, 
         (root / c).mkdir(parents=True)
         for i in range(per_class):
             grey = rng.integers(0, 256, (size[1], size[0]), dtype=np.uint8)
-            pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) if colour else \
-                np.repeat(grey[..., None], 3, axis=2)  # grey stored as RGB: still grey
+            pixels = (
+                rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+                if colour
+                else np.repeat(grey[..., None], 3, axis=2)
+            )  # grey stored as RGB: still grey
             Image.fromarray(pixels).save(root / c / f"{i}.{'jpg' if jpeg else 'png'}")
     return root
 
@@ -40,7 +43,9 @@ def test_a_colour_folder_is_read_in_colour_at_its_own_size(tmp_path):
 
 
 def test_grey_pictures_saved_as_rgb_jpeg_stay_grey(tmp_path):
-    choice = resolve_input(f"imagefolder:{folder(tmp_path / 'f', (30, 30), False, jpeg=True)}", "auto", "auto")
+    choice = resolve_input(
+        f"imagefolder:{folder(tmp_path / 'f', (30, 30), False, jpeg=True)}", "auto", "auto"
+    )
     assert choice.channels == 1 and choice.colour_share == 0.0
 
 
@@ -95,7 +100,8 @@ def test_auto_is_valid_params_and_a_typo_is_not():
     params = load_params("params.yaml")
     assert params["data"]["image_size"] == "auto" and not check_params_problems(params)
     assert "data.image_size must be 'auto' or an int" in " ".join(
-        check_params_problems(deep_merge(params, {"data": {"image_size": "autoo"}})))
+        check_params_problems(deep_merge(params, {"data": {"image_size": "autoo"}}))
+    )
 
 
 def check_params_problems(params: dict) -> list[str]:
