@@ -1,4 +1,5 @@
-"""The exit ensemble, decay by decay, on a trained cascade: thresholds fitted on `calib` as the
+"""The exit ensemble, decay by decay, on a trained cascade: thresholds fitted on the held-out set (`route`
++ `calib` unless `calibrate.held_out` says `calib`) as the
 `calibrate` stage fits them (params' `calibrate` section), then the same thresholds on `test`.
 
     python -m bench.exit_ensemble                      # models/cascade, data/prepared, params.yaml
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.config import load_params, section
-from pipeline.io import load_split, write_json
+from pipeline.io import load_held_out, load_split, write_json
 from pipeline.models.modules import confidence
 from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import combine_exits
@@ -41,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     kind = model.meta.confidence_kind
     torch.set_grad_enabled(False)
     outputs = {}
-    for split in ("calib", "test"):
-        data = load_split(args.data, split)
+    for split in ("calib", "test"):  # "calib": the held-out set calibrate fits on (calibrate.held_out)
+        data = load_held_out(args.data, cfg.get("held_out", "calib")) if split == "calib" else load_split(args.data, split)
         logits, cum = exit_outputs(model.stages, preprocess(data.images, model.meta), kind)
         outputs[split] = (logits, cum, torch.from_numpy(data.labels))
     rows = []
