@@ -1,4 +1,5 @@
-"""The ``cascade`` command: recognise image files with a saved cascade, or describe one.
+"""The ``cascade`` command: recognise image files with a saved cascade, describe one, serve one over
+HTTP or export it (``serve`` and ``export`` live in :mod:`pipeline.serving.commands`).
 
 A thin shell over :mod:`pipeline.routing.package`: argument parsing, model resolution, printing.
 Exit status: 0 all answered, 1 some file could not be read (the others are still answered),
@@ -9,46 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import sys
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
+
+from pipeline.model_uri import RegistryUnavailable, resolve_model_uri
+from pipeline.serving.commands import add_commands
 
 if TYPE_CHECKING:  # torch is imported only when a command runs, so --help stays instant
     from pipeline.routing.package import LoadedCascade
 
 DEFAULT_MODEL = "models/cascade"
 DEFAULT_MAX_PIXELS = 4096 * 4096  # pipeline.data.sources.DEFAULT_MAX_PIXELS, not imported: --help stays fast
-MODEL_URI_PREFIX = "models:/"
-_URI_FORMS = (
-    re.compile(r"^models:/(?P<name>[^/@]+)@(?P<alias>[^/@]+)$"),
-    re.compile(r"^models:/(?P<name>[^/@]+)/(?P<version>[0-9]+)$"),
-)
-
-
-class RegistryUnavailable(RuntimeError):
-    """``pipeline.registry`` (and with it MLflow model download) cannot be imported."""
-
-
-def resolve_model_uri(uri: str, dst: str | os.PathLike[str] | None = None) -> Path:
-    """A ``--model`` value as a local model directory.
-
-    A plain path is returned as is; ``models:/<name>@<alias>`` or ``models:/<name>/<version>`` is
-    downloaded into ``dst`` through ``pipeline.registry.download_cascade(uri, dst) -> Path`` (imported
-    lazily, so the CLI works without the registry's dependencies when given a directory).
-    """
-    if not uri.startswith(MODEL_URI_PREFIX):
-        return Path(uri)
-    if not any(form.match(uri) for form in _URI_FORMS):
-        raise ValueError(f"model URI {uri!r} must be models:/<name>@<alias> or models:/<name>/<version>")
-    try:
-        from pipeline.registry import download_cascade
-    except ImportError as exc:
-        raise RegistryUnavailable(f"registry support not available ({exc})") from exc
-    return Path(download_cascade(uri, dst))
 
 
 def _positive_int(text: str) -> int:
@@ -82,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     info.set_defaults(func=_cmd_info)
+    add_commands(sub, DEFAULT_MODEL)
     return parser
 
 

@@ -33,6 +33,13 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
     fi
 fi
 
+# hey, the compiled HTTP load generator bench/serving.py drives the server with. Not needed by the
+# pipeline or the tests: if it cannot be installed, set-up goes on and the benchmark says so.
+if ! command -v hey >/dev/null 2>&1; then
+    echo "setup: installing the Debian package hey"
+    apt_install hey || echo "setup: warning: could not install hey; bench/serving.py needs it" >&2
+fi
+
 if [ ! -x .venv/bin/python ]; then
     echo "setup: creating .venv"
     "$PYTHON" -m venv .venv

@@ -1,0 +1,140 @@
+"""``cascade serve`` and ``cascade export``: argument parsing and wiring only (the work is in
+:mod:`pipeline.serving.server` and :mod:`pipeline.serving.onnx_export`). Exit status: 0 done,
+2 the model or the command line is unusable."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pipeline.serving.limits import ServeLimits
+
+DEFAULT_SERVE_MODEL = "models:/fashion-cascade@champion"
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def add_commands(sub: Any, default_model: str) -> None:
+    """Register ``serve`` and ``export`` on the ``cascade`` command's sub-parsers."""
+    defaults = ServeLimits()
+    serve = sub.add_parser(
+        "serve", help="serve the cascade over HTTP (LitServe: adaptive batching, early exits, limits)",
+        description="Serve a cascade on POST /invocations: PNG/JPEG bytes (Content-Type image/png or "
+                    "image/jpeg), or JSON {\"image\": base64}, {\"images\": [...]} or MLflow's "
+                    "dataframe_split. "
+                    "Concurrent requests are batched; each batch runs with the cascade's early exits.")
+    serve.add_argument("--model", default=DEFAULT_SERVE_MODEL,
+                       help=f"registry URI models:/<name>@<alias> or models:/<name>/<version>, a model "
+                            f"directory, or an ONNX export (default {DEFAULT_SERVE_MODEL})")
+    serve.add_argument("--engine", choices=("torch", "onnx"), default="onnx",
+                       help="run the cascade on PyTorch or ONNX Runtime (default onnx: the same answers, "
+                            "a smaller fixed cost per call; docs/RESULTS.md 'Serving')")
+    serve.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"),
+                       help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--max-batch-size", type=_positive(int), default=64,
+                       help="requests gathered into one batch at most (default 64)")
+    serve.add_argument("--batch-timeout-ms", type=_positive(float), default=0.5,
+                       help="how long a batch waits for more requests, in ms (default 0.5)")
+    serve.add_argument("--static", action="store_true",
+                       help="no early exit: every module on every image (to measure what the exits save)")
+    serve.add_argument("--max-bytes", type=_positive(int), default=defaults.max_bytes,
+                       help=f"largest request body (default {defaults.max_bytes:,})")
+    serve.add_argument("--max-images", type=_positive(int), default=defaults.max_images,
+                       help=f"images per request at most (default {defaults.max_images})")
+    serve.add_argument("--max-queue", type=_positive(int), default=defaults.max_queue,
+                       help=f"requests held at once; more get 503 (default {defaults.max_queue})")
+    serve.add_argument("--timeout", type=_positive(float), default=defaults.timeout,
+                       help=f"seconds a request may wait for its answer, then 504 "
+                            f"(default {defaults.timeout:g})")
+    serve.set_defaults(func=_cmd_serve)
+
+    export = sub.add_parser("export", help="export a cascade (ONNX: modules, heads, thresholds, manifest)")
+    export.add_argument("--model", default=default_model,
+                        help=f"model directory or models:/ URI (default {default_model})")
+    export.add_argument("--format", choices=("onnx",), default="onnx", help="export format (onnx)")
+    export.add_argument("--out", required=True, help="directory to write (replaced atomically)")
+    export.set_defaults(func=_cmd_export)
+
+
+def _resolve(model: str, scratch: str) -> Path | None:
+    from pipeline.model_uri import RegistryUnavailable, resolve_model_uri
+
+    try:
+        return resolve_model_uri(model, scratch)
+    except RegistryUnavailable:
+        print("error: registry support not available", file=sys.stderr)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except Exception as exc:  # whatever the registry backend raises (unknown model, no server, ...)
+        print(f"error: cannot fetch model {model}: {exc}", file=sys.stderr)
+    return None
+
+
+def _ready_model(directory: Path, engine: str, scratch: str) -> Path | str:
+    """The directory ``engine`` serves (for onnx, exported into ``scratch`` unless it is an export), or
+    why it cannot: the model is loaded once here, so a bad one fails with a message before any server
+    process starts."""
+    from pipeline.serving.engines import is_onnx_dir, load_engine
+    from pipeline.serving.onnx_export import export_model_dir
+
+    if not directory.is_dir():
+        return f"model directory {directory} does not exist"
+    try:
+        if engine == "onnx" and not is_onnx_dir(directory):
+            directory = export_model_dir(directory, Path(scratch) / "onnx")
+        load_engine(directory, engine)
+    except (ValueError, OSError) as exc:
+        return f"cannot load model {directory}: {exc}"
+    return directory
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.serving.server import ServeConfig, serve
+
+    with tempfile.TemporaryDirectory(prefix="cascade-serve-") as scratch:
+        directory = _resolve(args.model, scratch)
+        if directory is None:
+            return 2
+        ready = _ready_model(directory, args.engine, scratch)
+        if isinstance(ready, str):
+            print(f"error: {ready}", file=sys.stderr)
+            return 2
+        limits = ServeLimits(max_bytes=args.max_bytes, max_images=args.max_images, max_queue=args.max_queue,
+                             timeout=args.timeout)
+        try:
+            config = ServeConfig(str(ready), args.engine, args.host, args.port, args.max_batch_size,
+                                 args.batch_timeout_ms / 1e3, exits=not args.static, limits=limits)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        serve(config)
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pipeline.serving.onnx_export import export_model_dir
+
+    with tempfile.TemporaryDirectory(prefix="cascade-export-") as scratch:
+        directory = _resolve(args.model, scratch)
+        if directory is None:
+            return 2
+        try:
+            out = export_model_dir(directory, args.out)
+        except (ValueError, OSError) as exc:
+            print(f"error: cannot export {args.model}: {exc}", file=sys.stderr)
+            return 2
+    files = sorted(p.name for p in out.iterdir())
+    print(f"exported {args.model} to {out} ({len(files)} files: {', '.join(files)})")
+    return 0

@@ -1,0 +1,111 @@
+"""The two engines a server can run the cascade on, behind one small interface.
+
+``load_engine(model_dir, "torch" | "onnx")`` gives an :class:`Engine`: ``image_shape`` and ``classes``
+(what requests are decoded to) and ``recognize(images_uint8, exits=True)`` -> one row per image
+(class, confidence, exit, path per module, MACs). ``exits=False`` is the cascade's own static path:
+every module runs on every image and the last one answers, which is what the early exit saves against.
+The ONNX engine exports the model directory on first use into ``<model_dir>/../<name>.onnx`` unless an
+exported directory is given (``cascade export --format onnx``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+ENGINES = ("torch", "onnx")
+
+
+class Engine(Protocol):
+    image_shape: tuple[int, int, int]
+    classes: tuple[str, ...]
+    name: str
+
+    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class TorchEngine:
+    """The cascade on PyTorch (:func:`pipeline.routing.recognize.recognize_arrays`)."""
+
+    loaded: Any
+    static: Any  # the same stages with no exit taken before the last
+    name: str = "torch"
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.loaded.meta.image_shape)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return tuple(self.loaded.meta.classes)
+
+    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True) -> list[dict[str, Any]]:
+        from pipeline.routing.recognize import recognize_arrays
+
+        return recognize_arrays(self.loaded if exits else self.static, images_uint8)
+
+
+@dataclass
+class OnnxEngine:
+    """The cascade on ONNX Runtime (:class:`pipeline.serving.onnx_engine.OnnxCascade`)."""
+
+    cascade: Any
+    name: str = "onnx"
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return tuple(self.cascade.image_shape)
+
+    @property
+    def classes(self) -> tuple[str, ...]:
+        return tuple(self.cascade.classes)
+
+    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True) -> list[dict[str, Any]]:
+        return self.cascade.recognize(images_uint8, exits=exits)
+
+
+def is_onnx_dir(path: str | os.PathLike[str]) -> bool:
+    from pipeline.serving.onnx_export import FORMAT, MANIFEST
+
+    manifest = Path(path) / MANIFEST
+    return manifest.is_file() and f'"{FORMAT}"' in manifest.read_text()[:4096]
+
+
+def load_engine(model: str | os.PathLike[str], kind: str = "torch", *, threads: int = 1,
+                onnx_dir: str | os.PathLike[str] | None = None) -> Engine:
+    """An engine over a cascade model directory (or, for ``onnx``, an exported ONNX directory).
+
+    ``threads`` bounds the engine's intra-op threads (torch's for the process; ONNX Runtime's per
+    session): a server gets its parallelism from batching, not from threads fighting over cores.
+    """
+    if kind not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {kind!r}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    model = Path(model)
+    if kind == "onnx":
+        from pipeline.serving.onnx_engine import OnnxCascade
+        from pipeline.serving.onnx_export import export_model_dir
+
+        if not is_onnx_dir(model):
+            target = Path(onnx_dir) if onnx_dir is not None else model.parent / f"{model.name}.onnx"
+            if not is_onnx_dir(target):
+                export_model_dir(model, target)
+            model = target
+        return OnnxEngine(OnnxCascade(model, threads=threads))
+    import torch
+
+    from pipeline.routing.calibration import NEVER
+    from pipeline.routing.package import LoadedCascade, load_cascade, with_thresholds
+
+    if is_onnx_dir(model):
+        raise ValueError(f"{model} is an ONNX export: serve it with --engine onnx")
+    torch.set_num_threads(threads)
+    loaded = load_cascade(model)
+    never = [NEVER] * (len(loaded.stages) - 1)
+    return TorchEngine(loaded, LoadedCascade(with_thresholds(loaded.stages, never), loaded.meta))

@@ -1,0 +1,133 @@
+"""The guard inside the served path: an ASGI middleware on the serving engine's own app.
+
+Before a prediction request reaches the engine's queue it is refused, with a short JSON answer
+``{"error_code", "message"}``, when its headers say so (411 no length, 413 too large, 415 wrong
+type; :func:`pipeline.serving.limits.check_headers`, the body is never read), when the server already
+holds ``max_queue`` requests (503 with ``Retry-After``: the queue is bounded, not grown), when its
+body does not arrive within ``read_timeout`` (408), or when its JSON is not UTF-8, nests too deep or
+does not parse (400). A raw image body (``image/png``, ``image/jpeg``, ``application/octet-stream``)
+is handed on as ``{"image": "<base64>"}`` (:func:`pipeline.serving.requests.wrap_raw`), so the engine's
+decoder reads one form. Everything else passes untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, ServeLimits, check_headers, media_type
+from pipeline.serving.requests import BadRequest, parse_json, wrap_raw
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+ERROR_CODES = {400: "BAD_REQUEST", 408: "REQUEST_TIMEOUT", 411: "LENGTH_REQUIRED", 413: "REQUEST_TOO_LARGE",
+               415: "UNSUPPORTED_MEDIA_TYPE", 503: "OVERLOADED"}
+
+
+def error_body(status: int, message: str) -> bytes:
+    return json.dumps({"error_code": ERROR_CODES.get(status, "ERROR"), "message": message}).encode()
+
+
+async def _answer(send: Send, status: int, message: str, *, close: bool = False) -> None:
+    body = error_body(status, message)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 503:
+        headers.append((b"retry-after", b"1"))
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionError("the client went away")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"the request body is longer than its Content-Length ({limit:,} bytes)", 413)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class GuardMiddleware:
+    """ASGI middleware enforcing :class:`ServeLimits` in front of the engine's endpoints."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]], limits: ServeLimits | None = None) -> None:
+        self.app = app
+        self.limits = limits or ServeLimits()
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refused = check_headers(scope["method"], scope["path"], headers.get("content-length"),
+                                headers.get("content-type"), self.limits)
+        if refused:
+            await _answer(send, *refused, close=True)  # the body was not read: the connection cannot stay
+            return
+        if scope["method"] != "POST" or scope["path"] != "/invocations":
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.limits.max_queue:
+            await _answer(send, 503, f"the server holds {self.in_flight} requests, its limit: retry shortly",
+                          close=True)
+            return
+        self.in_flight += 1
+        try:
+            await self._guarded(scope, receive, send, headers)
+        finally:
+            self.in_flight -= 1
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
+        length = int(headers["content-length"])
+        try:
+            body = await asyncio.wait_for(_read_body(receive, length), self.limits.read_timeout)
+            kind = media_type(headers.get("content-type"))
+            if kind in RAW_TYPES:
+                body = wrap_raw(body)
+            elif kind == JSON_TYPE:
+                parse_check(body, self.limits)
+        except TimeoutError:
+            await _answer(send, 408, f"the request body did not arrive within {self.limits.read_timeout:g} s",
+                          close=True)
+            return
+        except ConnectionError:
+            return
+        except BadRequest as exc:
+            await _answer(send, exc.status, str(exc))
+            return
+        scope = {**scope, "headers": _json_headers(scope["headers"], len(body))}
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return await receive()  # after the body: only a disconnect can come
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+def parse_check(body: bytes, limits: ServeLimits) -> None:
+    """Refuse a JSON body that is not UTF-8, nests too deep or does not parse, before the engine's
+    framework parses it (which would answer 500)."""
+    parse_json(body, limits)
+
+
+def _json_headers(raw: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    kept = [(k, v) for k, v in raw if k.lower() not in (b"content-type", b"content-length")]
+    return [*kept, (b"content-type", b"application/json"), (b"content-length", str(length).encode())]
+

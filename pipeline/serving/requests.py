@@ -1,0 +1,182 @@
+"""A prediction request's body -> uint8 images for the engine, or a refusal naming what is wrong.
+
+Accepted, one request:
+
+- ``image/png``, ``image/jpeg`` or ``application/octet-stream``: the bytes of one image file;
+- ``application/json`` with ``{"image": "<base64 PNG/JPEG>"}`` or ``{"images": ["<base64>", ...]}``;
+- ``application/json`` in MLflow's scoring form: ``{"dataframe_split": ...}`` or
+  ``{"dataframe_records": ...}`` with an ``image`` (base64) or ``pixels`` (uint8 (H, W) / (C, H, W))
+  column, decoded by :func:`pipeline.payload.decode_payload` exactly as the registered pyfunc model does.
+
+Every image is decoded by the code ``ingest`` uses (:func:`pipeline.data.sources.decode_image_bytes`):
+any size, grey or colour, converted to the model's channels and resized to its input, so a client
+never needs to know the model's input shape. An image is refused from its header before its pixels
+are decoded when it declares more than ``max_pixels``, and a request when all its images together
+declare more than ``max_request_pixels`` or it holds more than ``max_images`` images.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pipeline.data.sources import DataError, decode_image_bytes, image_header
+from pipeline.serving.limits import JSON_TYPE, ServeLimits, json_depth_exceeds, media_type
+
+RAW_KEY = "image"  # what the guard wraps a raw image body into: {"image": "<base64>"}
+MAX_LISTED = 10
+
+
+class BadRequest(ValueError):
+    """A request the server answers with ``status`` (4xx) and this message."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def wrap_raw(body: bytes) -> bytes:
+    """A raw image body as the JSON body the server's decoder reads (``{"image": base64}``)."""
+    return b'{"image":"' + base64.b64encode(body) + b'"}'
+
+
+def parse_json(body: bytes, limits: ServeLimits) -> Any:
+    """JSON body -> object; a BadRequest for non-UTF-8, too deep or malformed JSON."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the request body is not UTF-8 (byte {exc.start})") from None
+    if json_depth_exceeds(text, limits.max_depth):
+        raise BadRequest(f"the JSON body nests deeper than {limits.max_depth} levels")
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+def _b64(value: Any, where: str) -> bytes:
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}: must be a base64 string, got {type(value).__name__}")
+    if value.startswith("data:") and "," in value:
+        value = value.split(",", 1)[1]
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        try:
+            data = base64.b64decode("".join(value.split()), validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"{where}: not valid base64") from None
+    if not data:
+        raise BadRequest(f"{where}: empty image")
+    return data
+
+
+def _declared(data: bytes) -> int:
+    try:
+        _, width, height = image_header(data)
+    except ValueError:
+        return 0  # no readable header: the decoder names the problem
+    return max(0, width) * max(0, height)
+
+
+def decode_images(items: Sequence[Any], shape: Sequence[int], limits: ServeLimits,
+                  names: Sequence[str] | None = None) -> np.ndarray:
+    """base64 PNG/JPEG strings -> uint8 (N, C, H, W); a BadRequest naming every bad item."""
+    if not items:
+        raise BadRequest("the request holds no images: send at least one")
+    if len(items) > limits.max_images:
+        raise BadRequest(f"the request holds {len(items)} images, over the limit of {limits.max_images} "
+                         f"per request", status=413)
+    if names is None:
+        names = [f"image {i}" for i in range(len(items))] if len(items) > 1 else ["image"]
+    c, h, w = (int(v) for v in shape)
+    errors, blobs = [], []
+    for name, item in zip(names, items, strict=True):
+        try:
+            blobs.append(_b64(item, name))
+        except BadRequest as exc:
+            errors.append(str(exc))
+            blobs.append(b"")
+    declared = sum(min(_declared(b), limits.max_pixels) for b in blobs)
+    if declared > limits.max_request_pixels:
+        raise BadRequest(f"the request's images declare {declared:,} pixels in all (from their headers), "
+                         f"over the limit of {limits.max_request_pixels:,} per request", status=413)
+    images = []
+    for name, blob in zip(names, blobs, strict=True):
+        if not blob:
+            continue
+        try:
+            images.append(decode_image_bytes(blob, c, (h, w), max_pixels=limits.max_pixels, name=name))
+        except (DataError, ValueError, OSError) as exc:
+            errors.append(str(exc) if str(exc).startswith(name) else f"{name}: {exc}")
+    if errors:
+        more = f"; and {len(errors) - MAX_LISTED} more" if len(errors) > MAX_LISTED else ""
+        raise BadRequest("; ".join(errors[:MAX_LISTED]) + more)
+    return np.stack(images)
+
+
+def _frame(payload: dict[str, Any]) -> Any:
+    import pandas as pd
+
+    if "dataframe_split" in payload:
+        split = payload["dataframe_split"]
+        if not isinstance(split, dict) or "data" not in split:
+            raise BadRequest("dataframe_split must be an object with 'columns' and 'data'")
+        return pd.DataFrame(split["data"], columns=split.get("columns"))
+    records = payload["dataframe_records"]
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise BadRequest("dataframe_records must be a list of objects")
+    return pd.DataFrame.from_records(records)
+
+
+def decode_payload(payload: Any, shape: Sequence[int], limits: ServeLimits) -> np.ndarray:
+    """A parsed JSON request -> uint8 (N, C, H, W) in the model's shape, or a BadRequest."""
+    if not isinstance(payload, dict):
+        raise BadRequest(f"the JSON body must be an object, got {type(payload).__name__}")
+    if RAW_KEY in payload:
+        return decode_images([payload[RAW_KEY]], shape, limits)
+    if "images" in payload:
+        if not isinstance(payload["images"], list):
+            raise BadRequest("'images' must be a list of base64 PNG/JPEG strings")
+        return decode_images(payload["images"], shape, limits)
+    if "dataframe_split" in payload or "dataframe_records" in payload:
+        from pipeline.payload import decode_payload as decode_frame
+
+        try:
+            frame = _frame(payload)
+        except (ValueError, TypeError) as exc:
+            raise BadRequest(f"the dataframe cannot be read: {exc}") from None
+        if len(frame) > limits.max_images:
+            raise BadRequest(f"the request holds {len(frame)} images, over the limit of {limits.max_images} "
+                             f"per request", status=413)
+        try:
+            return decode_frame(frame, shape, max_pixels=limits.max_pixels, max_bytes=limits.max_bytes,
+                                max_request_pixels=limits.max_request_pixels)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    keys = ", ".join(sorted(map(str, payload))[:5]) or "none"
+    raise BadRequest(f"the JSON body needs 'image', 'images', 'dataframe_split' or 'dataframe_records'; "
+                     f"got keys {keys}")
+
+
+def decode_body(body: bytes, content_type: str | None, shape: Sequence[int], limits: ServeLimits
+                ) -> np.ndarray:
+    """A whole request body and its Content-Type -> uint8 (N, C, H, W) (what the server does in two
+    steps: the guard wraps a raw image, the worker decodes the JSON)."""
+    if len(body) > limits.max_bytes:
+        raise BadRequest(f"the request body has {len(body):,} bytes, over the limit of {limits.max_bytes:,}",
+                         status=413)
+    if media_type(content_type) == JSON_TYPE:
+        return decode_payload(parse_json(body, limits), shape, limits)
+    if not body:
+        raise BadRequest("the request body is empty")
+    c, h, w = (int(v) for v in shape)
+    try:
+        return decode_image_bytes(body, c, (h, w), max_pixels=limits.max_pixels, name="the image")[None]
+    except (DataError, ValueError, OSError) as exc:
+        raise BadRequest(str(exc)) from None
