@@ -1,68 +1,121 @@
-"""Issue 29's abusive request, measured: 768 copies of a 16 KB PNG whose header declares 4096 x 4096
-pixels (16.4 MB of JSON, under every byte limit, 12.9 billion pixels declared), sent through
-`pipeline.serve_guard` to `mlflow models serve`; prints the answer's status, its time and the server's
-peak RSS (its process tree, sampled every 0.2 s).
+"""Abusive requests for a served cascade (``cascade serve``): each one, its expected refusal, and a
+sender that times the answer. ``bench.serving`` sends them all while 64 clients load the server and
+checks that each gets a 4xx in under a second and that the good requests keep their p99.
 
-    python -m bench.abusive_request <repo>      # a workspace whose mlflow.db holds fashion-cascade@champion
+    python -m bench.abusive_request --port 8000     # against a running `cascade serve`
+
+The list starts with issue 29's request: 768 copies of a 16 KB PNG whose header declares 4096 x 4096
+pixels (16.4 MB of JSON, 12.9 billion pixels declared).
 """
+
+from __future__ import annotations
+
+import argparse
 import base64
 import json
 import os
+import select
 import socket
 import struct
-import subprocess
 import sys
-import threading
 import time
-import urllib.request
 import zlib
 
-def png_claiming(width, height, payload=16_000):
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xffffffff)
+
+def png_claiming(width: int, height: int, payload: int = 16_000) -> bytes:
+    """A PNG whose header declares ``width`` x ``height`` followed by random bytes no decoder should reach."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    idat = os.urandom(payload)  # 16 KB that no decoder should ever reach: the header alone is over budget
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+    idat = chunk(b"IDAT", os.urandom(payload))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b"")
 
-def port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
 
-repo = sys.argv[1] if len(sys.argv) > 1 else "."
-env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{repo}/mlflow.db"}
-up, front = port(), port()
-server = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "mlflow"), "models", "serve", "-m", "models:/fashion-cascade@champion",
-                           "--env-manager", "local", "--host", "127.0.0.1", "--port", str(up)], cwd=repo, env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-guard = subprocess.Popen([sys.executable, "-m", "pipeline.serve_guard", "--upstream", f"http://127.0.0.1:{up}",
-                          "--port", str(front), "--quiet"], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-peak = [0]
-def watch():
-    while server.poll() is None:
-        total = 0
-        for pid in [server.pid] + [int(p) for p in subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True).stdout.split()]:
-            try:
-                total += int(open(f"/proc/{pid}/status").read().split("VmRSS:")[1].split()[0])
-            except Exception:
-                pass
-        peak[0] = max(peak[0], total); time.sleep(0.2)
-threading.Thread(target=watch, daemon=True).start()
-try:
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{front}/ping", timeout=2); break
-        except Exception:
-            time.sleep(0.5)
-    one = base64.b64encode(png_claiming(4096, 4096)).decode()
-    body = json.dumps({"dataframe_split": {"columns": ["image"], "data": [[one]] * 768}}).encode()
-    print(f"body {len(body):,} bytes")
+def _images(blob: bytes, n: int) -> bytes:
+    return json.dumps({"images": [base64.b64encode(blob).decode()] * n}).encode()
+
+
+def abusive_requests(good_png: bytes) -> dict[str, tuple[bytes, dict[str, str]]]:
+    """name -> (body, headers) of every abusive request (Content-Length is set by the sender)."""
+    js, png = {"Content-Type": "application/json"}, {"Content-Type": "image/png"}
+    huge = png_claiming(4096, 4096)
+    return {
+        "issue 29: 768 x 4096^2-pixel PNGs in 16.4 MB of JSON": (_images(huge, 768), js),
+        "256 x 4096^2-pixel PNGs in 5.5 MB (under the byte limit)": (_images(huge, 256), js),
+        "300 images in one request": (_images(good_png, 300), js),
+        "one raw PNG declaring 20000 x 20000": (png_claiming(20000, 20000), png),
+        "a truncated image": (good_png[: len(good_png) // 2], png),
+        "JSON nested 10,000 deep": (b"[" * 10_000 + b"]" * 10_000, js),
+        "50 MB of non-UTF-8 bytes as JSON": (b"\xff" * (50 << 20), js),
+        "malformed JSON": (b'{"images": ["abc"', js),
+        "no Content-Type": (good_png, {}),
+        "text/plain": (b"hello", {"Content-Type": "text/plain"}),
+    }
+
+
+def send(port: int, body: bytes, headers: dict[str, str], timeout: float = 30.0) -> tuple[int, float, str]:
+    """(status, seconds, first 160 characters of the answer), timed from the first byte sent to the answer.
+
+    Written on a raw socket: the body goes out in 64 KB pieces while the answer is watched for, so a
+    server that refuses from the headers and closes (as it should for a 50 MB body) is seen to answer,
+    not as a broken pipe. Status 0: no answer came."""
+    head = ["POST /invocations HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}",
+            "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
     start = time.perf_counter()
-    req = urllib.request.Request(f"http://127.0.0.1:{front}/invocations", data=body, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            status, answer = r.status, r.read()
-    except urllib.error.HTTPError as e:
-        status, answer = e.code, e.read()
-    print(json.dumps({"status": status, "seconds": round(time.perf_counter() - start, 2), "answer_bytes": len(answer),
-                      "answer": answer[:200].decode(errors="replace"), "server_peak_rss_mb": round(peak[0] / 1024)}))
-finally:
-    guard.terminate(); server.terminate(); server.wait(20)
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode())
+        sent = 0
+        while sent < len(body):
+            readable, _, _ = select.select([sock], [], [], 0)
+            if readable:
+                break  # the server answered before the body was all sent
+            try:
+                sent += sock.send(body[sent:sent + (64 << 10)])
+            except OSError:
+                break
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer or len(answer) < 4096:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
+        except OSError:
+            pass
+    seconds = time.perf_counter() - start
+    status_line, _, rest = answer.partition(b"\r\n")
+    parts = status_line.split()
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+    text = rest.partition(b"\r\n\r\n")[2].decode(errors="replace")
+    return status, seconds, text[:160]
+
+
+def send_all(port: int, good_png: bytes) -> list[dict[str, object]]:
+    rows = []
+    for name, (body, headers) in abusive_requests(good_png).items():
+        status, seconds, text = send(port, body, headers)
+        rows.append({"request": name, "bytes": len(body), "status": status, "seconds": round(seconds, 3),
+                     "answer": text, "refused_4xx_under_1s": 400 <= status < 500 and seconds < 1.0})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, default=8000, help="port of a running `cascade serve` (default 8000)")
+    args = p.parse_args(argv)
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)).save(out, "PNG")
+    rows = send_all(args.port, out.getvalue())
+    for row in rows:
+        print(f"{row['status']:4d} {row['seconds']:7.3f} s  {row['request']}: {row['answer'][:90]}")
+    return 0 if all(row["refused_4xx_under_1s"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,48 +1,46 @@
-"""Benchmark: REST serving of the cascade with ``mlflow models serve`` on loopback. A bounded load of
-``--clients`` concurrent clients (threads, keep-alive connections) posts base64 PNGs for
-``--seconds`` per phase: one image per request (requests/s) and ``--batch`` images per request
-(images/s); reports p50/p99 latency and the failed requests (there must be none).
+"""Benchmark: the cascade served by ``cascade serve`` on loopback, driven by ``hey`` (a compiled load
+generator; ``scripts/setup.sh`` installs the Debian package).
 
-A third phase, ``mixed``, sends a fixed list of ``--mixed-requests`` requests (default 500) from
-``--mixed-clients`` clients (default 8), ``--bad-share`` of them (default 10%) bad: 3 rows with row 1
-malformed base64, a corrupt PNG, a PNG whose header claims 20000 x 20000 pixels, a row with no image,
-or an empty frame. Every good request must answer 200 with one row per image, every bad one 4xx with
-a message naming row 1 (the empty frame: "no rows"), no 5xx; the server's resident memory (every
-process of its group, sampled every 50 ms) is reported and must stay under ``--max-rss-gb`` (2).
+For each engine (torch, onnx) and each mode (early exits, and the cascade's own static path served the
+same way: ``--static``, every module on every image), it measures with hey:
 
-    python -m bench.serving [--model models:/fashion-cascade@champion | MODEL_DIR] [--seconds 20]
-                            [--clients 4] [--batch 64] [--workers 1] [--out bench/out/serving.json]
-                            [--mixed-requests 500] [--mixed-clients 8] [--bad-share 0.1]
+- single-image requests (raw PNG bytes of test images) at 1, 16 and 64 clients; each client sends its
+  own test image (one hey process per client), so the load mixes easy and hard images as the test
+  split does; at 1 client, 16 images one after another;
+- 64-image requests (JSON, base64 PNGs) at 64 clients (8 hey processes of 8 clients, 8 bodies);
 
-A ``models:/`` URI is fetched from ``MLFLOW_TRACKING_URI`` (default: ``mlflow.db`` here). A directory
-is either an MLflow model or a cascade model directory (wrapped into a pyfunc model first). Request
-images come from ``--data``'s test split when present, else random images of the model's shape.
+and reports images/s, p50 and p99 latency (from hey's per-request CSV), the non-200 answers, the
+early-exit gain (images/s of the exits over the static path, same engine and load), and the same
+engine's in-process throughput at batch 256. Then, under the 64-client single-image load, every request
+of ``bench.abusive_request`` must get a 4xx in < 1 s while the good requests keep their p99.
+
+    python -m bench.serving --model models/cascade --data data/prepared [--seconds 8] [--engines torch onnx]
+                            [--out docs/results/serving.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import http.client
+import io
 import json
-import math
 import os
+import shutil
 import signal
 import socket
-import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-JSON = {"Content-Type": "application/json"}
+SINGLE_LOADS = (1, 16, 64)
+BATCH_CLIENTS, BATCH_IMAGES, BATCH_PROCS = 64, 64, 8
 
 
 def free_port() -> int:
@@ -52,279 +50,202 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(model: str, port: int, workers: int, env: dict[str, str], log: Path, timeout: float = 180.0
-           ) -> Iterator[str]:
-    """``mlflow models serve`` in its own process group until ``/ping`` answers; stopped after."""
-    cmd = [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", model,
-           "--env-manager", "local", "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers)]
+def served(model: str, engine: str, static: bool, log: Path, timeout: float = 180.0) -> Iterator[int]:
+    """``cascade serve`` in its own process group until /health answers; stopped after."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--model", model, "--engine", engine,
+           "--port", str(port), *(["--static"] if static else [])]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + timeout
-        while True:
+        while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise SystemExit(f"mlflow models serve exited with {proc.returncode}:\n"
-                                 f"{log.read_text()[-3000:]}")
-            with contextlib.suppress(OSError):
+                raise RuntimeError(f"cascade serve exited {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/ping")
+                conn.request("GET", "/health")
                 if conn.getresponse().status == 200:
                     break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the server did not answer within {timeout:.0f} s:\n"
-                                 f"{log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield proc.pid
+            except OSError:
+                time.sleep(0.3)
+        else:
+            raise RuntimeError(f"cascade serve did not answer within {timeout:g} s")
+        yield port
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=10)
+            proc.wait(30)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
-def body(b64_images: list[str]) -> bytes:
-    return json.dumps({"dataframe_split": {"columns": ["image"], "data": [[b] for b in b64_images]}}).encode()
+def hey(port: int, body: Path, kind: str, clients: int, *, seconds: float | None = None,
+        requests: int | None = None) -> subprocess.Popen:
+    amount = ["-z", f"{seconds}s"] if seconds is not None else ["-n", str(requests)]
+    cmd = ["hey", *amount, "-c", str(clients), "-m", "POST", "-T", kind, "-D", str(body), "-o", "csv",
+           f"http://127.0.0.1:{port}/invocations"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
-def run_clients(client, clients: int) -> None:
-    """Run ``client(k)`` for k = 0..clients-1 in threads and wait for all of them."""
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+def read_csv(text: str) -> tuple[list[float], list[int]]:
+    """hey's CSV -> (latencies in seconds, status codes)."""
+    rows = list(csv.DictReader(io.StringIO(text)))
+    return [float(r["response-time"]) for r in rows], [int(r["status-code"]) for r in rows]
 
 
-def load(port: int, bodies: list[bytes], clients: int, seconds: float) -> dict[str, float]:
-    """``clients`` threads post ``bodies`` round-robin until the deadline; latency of each request."""
-    latencies: list[list[float]] = [[] for _ in range(clients)]
-    failures = [0] * clients
+def summary(latencies: list[float], statuses: list[int], seconds: float, per_request: int) -> dict:
+    lat = np.asarray(latencies) * 1e3
+    ok = sum(s == 200 for s in statuses)
+    return {"requests": len(statuses), "non_200": len(statuses) - ok,
+            "images_per_s": round(ok * per_request / seconds, 1),
+            "p50_ms": round(float(np.percentile(lat, 50)), 2) if len(lat) else None,
+            "p99_ms": round(float(np.percentile(lat, 99)), 2) if len(lat) else None}
+
+
+def run_load(port: int, bodies: list[Path], kind: str, clients_each: int, seconds: float,
+             per_request: int) -> dict:
+    """One hey process per body, all at once, for ``seconds``; pooled latencies."""
     start = time.perf_counter()
-    deadline = start + seconds
-
-    def client(k: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        i = k
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            try:
-                conn.request("POST", "/invocations", bodies[i % len(bodies)], JSON)
-                answer = conn.getresponse()
-                answer.read()
-                ok = answer.status == 200
-            except (OSError, http.client.HTTPException):
-                ok = False
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-            if ok:
-                latencies[k].append(time.perf_counter() - t0)
-            else:
-                failures[k] += 1
-            i += clients
-        conn.close()
-
-    run_clients(client, clients)
-    elapsed = time.perf_counter() - start
-    lat = sorted(x for per in latencies for x in per)
-    q = statistics.quantiles(lat, n=100, method="inclusive") if len(lat) >= 2 else (lat or [math.nan]) * 99
-    return {"requests": len(lat), "failed": sum(failures), "seconds": round(elapsed, 2),
-            "requests_per_s": round(len(lat) / elapsed, 2),
-            "p50_ms": round(1000 * q[49], 2), "p99_ms": round(1000 * q[98], 2)}
+    procs = [hey(port, body, kind, clients_each, seconds=seconds) for body in bodies]
+    outs = [p.communicate()[0] for p in procs]
+    wall = max(seconds, time.perf_counter() - start - 0.05)
+    latencies, statuses = [], []
+    for text in outs:
+        lat, st = read_csv(text)
+        latencies += lat
+        statuses += st
+    return summary(latencies, statuses, min(wall, seconds * 1.02), per_request)
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Resident memory of every live process in process group ``pgid`` (Linux /proc)."""
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # after ")": state, ppid, pgrp, ...
-                total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")  # rss in pages
-    return total
+def run_sequential(port: int, bodies: list[Path], kind: str, per_body: int) -> dict:
+    """1 client: ``per_body`` requests of each body in turn; pooled latencies."""
+    latencies, statuses, spent = [], [], 0.0
+    for body in bodies:
+        start = time.perf_counter()
+        lat, st = read_csv(hey(port, body, kind, 1, requests=per_body).communicate()[0])
+        spent += time.perf_counter() - start
+        latencies += lat
+        statuses += st
+    out = summary(latencies, statuses, sum(latencies) or spent, 1)
+    return out
 
 
-def fake_huge_png(width: int = 20000, height: int = 20000) -> bytes:
-    """A PNG header claiming ``width`` x ``height`` (no pixel data): the server must refuse it from the
-    header, before decoding (a real one would decode to 400 M pixels)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
-
-
-def bad_bodies(good_b64: str) -> dict[str, tuple[bytes, str]]:
-    """Bad requests: name -> (body, what the 4xx message must contain). Rows 0 and 2 are good."""
+def write_bodies(images: np.ndarray, tmp: Path) -> tuple[list[Path], list[Path]]:
     import base64
 
-    def three(bad: object) -> bytes:
-        rows = [[good_b64], [bad], [good_b64]]
-        return json.dumps({"dataframe_split": {"columns": ["image"], "data": rows}}).encode()
+    from pipeline.payload import encode_png
 
-    return {
-        "bad_base64": (three("!!! not base64 !!!"), "row 1"),
-        "corrupt_png": (three(base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 64).decode()), "row 1"),
-        "huge_png": (three(base64.b64encode(fake_huge_png()).decode()), "row 1"),
-        "no_image": (three(None), "row 1"),
-        "empty_frame": (json.dumps({"dataframe_split": {"columns": ["image"], "data": []}}).encode(), "no rows"),
-    }
-
-
-def mixed(port: int, pgid: int, good: list[bytes], good_rows: int, bad: dict[str, tuple[bytes, str]],
-          requests: int, share: float, clients: int, seed: int = 0) -> dict[str, object]:
-    """A fixed, seeded list of ``requests`` (``share`` bad, the bad kinds in turn) split over ``clients``."""
-    rng = np.random.default_rng(seed)
-    n_bad = round(requests * share)
-    kinds = list(bad)
-    plan: list[tuple[str, bytes, str | None]] = [("good", good[i % len(good)], None) for i in range(requests - n_bad)]
-    plan += [(kinds[i % len(kinds)], *bad[kinds[i % len(kinds)]]) for i in range(n_bad)]
-    plan = [plan[i] for i in rng.permutation(len(plan))]
-    outcome: list[tuple[str, int, bool] | None] = [None] * len(plan)
-    peak = [group_rss_bytes(pgid)]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.wait(0.05):
-            peak[0] = max(peak[0], group_rss_bytes(pgid))
-
-    def client(k: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        for i in range(k, len(plan), clients):
-            kind, payload, must = plan[i]
-            try:
-                conn.request("POST", "/invocations", payload, JSON)
-                answer = conn.getresponse()
-                text = answer.read().decode(errors="replace")
-                if kind == "good":
-                    ok = answer.status == 200 and len(json.loads(text)["predictions"]) == good_rows
-                else:
-                    ok = 400 <= answer.status < 500 and must in text
-                outcome[i] = (kind, answer.status, ok)
-            except (OSError, http.client.HTTPException, ValueError, KeyError):
-                outcome[i] = (kind, 0, False)
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-        conn.close()
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    start = time.perf_counter()
-    run_clients(client, clients)
-    seconds = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    rows = [o for o in outcome if o is not None]
-    per_kind = {kind: {"sent": sum(o[0] == kind for o in rows), "ok": sum(o[0] == kind and o[2] for o in rows)}
-                for kind in ["good", *kinds]}
-    return {"requests": len(plan), "bad": n_bad, "clients": clients, "seconds": round(seconds, 2),
-            "good_failed": per_kind["good"]["sent"] - per_kind["good"]["ok"],
-            "bad_not_4xx_naming_the_row": n_bad - sum(v["ok"] for k, v in per_kind.items() if k != "good"),
-            "server_errors_5xx": sum(o[1] >= 500 for o in rows), "per_kind": per_kind,
-            "server_rss_peak_mb": round(peak[0] / 2**20, 1)}
+    singles = []
+    for i, image in enumerate(images[:64]):
+        path = tmp / f"single{i}.png"
+        path.write_bytes(encode_png(image))
+        singles.append(path)
+    batches = []
+    for j in range(BATCH_PROCS):
+        chunk = images[64 + j * BATCH_IMAGES: 64 + (j + 1) * BATCH_IMAGES]
+        path = tmp / f"batch{j}.json"
+        path.write_text(json.dumps({"images": [base64.b64encode(encode_png(im)).decode() for im in chunk]}))
+        batches.append(path)
+    return singles, batches
 
 
-def request_images(data: Path, shape: tuple[int, int, int], n: int) -> np.ndarray:
-    test = data / "test.npz"
-    if test.is_file():
-        with np.load(test, allow_pickle=False) as z:
-            return z["images"][:n]
-    rng = np.random.default_rng(0)
-    return rng.integers(0, 256, size=(n, *shape), dtype=np.uint8)
+def in_process(model: str, engine: str, images: np.ndarray, static: bool) -> float:
+    from pipeline.serving.engines import load_engine
+
+    eng = load_engine(model, engine, threads=1)
+    batch = images[:256]
+    eng.recognize(batch, exits=not static)
+    runs = []
+    for _ in range(5):
+        start = time.perf_counter()
+        eng.recognize(batch, exits=not static)
+        runs.append(time.perf_counter() - start)
+    return round(len(batch) / min(runs), 1)
+
+
+def measure(model: str, engine: str, static: bool, singles: list[Path], batches: list[Path],
+            seconds: float, log: Path) -> dict:
+    out: dict[str, dict] = {}
+    with served(model, engine, static, log) as port:
+        run_load(port, singles[:16], "image/png", 1, 1.0, 1)  # warm-up
+        out["c1_single"] = run_sequential(port, singles[:16], "image/png", per_body=60)
+        for clients in SINGLE_LOADS[1:]:
+            out[f"c{clients}_single"] = run_load(port, singles[:clients], "image/png", 1, seconds, 1)
+        out[f"c{BATCH_CLIENTS}_batch{BATCH_IMAGES}"] = run_load(
+            port, batches, "application/json", BATCH_CLIENTS // BATCH_PROCS, seconds, BATCH_IMAGES)
+    return out
+
+
+def abuse_under_load(model: str, engine: str, singles: list[Path], seconds: float, log: Path) -> dict:
+    from bench.abusive_request import send_all
+
+    with served(model, engine, False, log) as port:
+        quiet = run_load(port, singles, "image/png", 1, seconds, 1)
+        procs = [hey(port, body, "image/png", 1, seconds=seconds) for body in singles]
+        time.sleep(min(1.0, seconds / 4))
+        rows = send_all(port, singles[0].read_bytes())
+        latencies, statuses = [], []
+        for p in procs:
+            lat, st = read_csv(p.communicate()[0])
+            latencies += lat
+            statuses += st
+        loaded = summary(latencies, statuses, seconds, 1)
+    return {"good_alone": quiet, "good_during_abuse": loaded, "abusive": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="models:/fashion-cascade@champion")
-    p.add_argument("--data", type=Path, default=Path("data/prepared"), help="test split for request images")
-    p.add_argument("--seconds", type=float, default=20.0, help="load duration per phase")
-    p.add_argument("--warmup", type=float, default=2.0, help="unmeasured load before each phase")
-    p.add_argument("--clients", type=int, default=4)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--workers", type=int, default=1, help="uvicorn workers of the server")
-    p.add_argument("--mixed-requests", type=int, default=500, help="requests of the mixed phase (0: skip it)")
-    p.add_argument("--mixed-clients", type=int, default=8)
-    p.add_argument("--bad-share", type=float, default=0.1, help="share of bad requests in the mixed phase")
-    p.add_argument("--max-rss-gb", type=float, default=2.0, help="the server's resident memory limit (mixed)")
+    p.add_argument("--model", default="models/cascade", help="model directory or models:/ URI")
+    p.add_argument("--data", type=Path, default=Path("data/prepared"), help="its test split gives the images")
+    p.add_argument("--seconds", type=float, default=8.0, help="load duration per measurement")
+    p.add_argument("--engines", nargs="+", choices=("torch", "onnx"), default=["onnx", "torch"])
     p.add_argument("--out", type=Path, default=Path("bench/out/serving.json"))
     args = p.parse_args(argv)
-    if not 0 <= args.bad_share <= 1 or args.mixed_requests < 0 or args.mixed_clients < 1:
-        p.error("need 0 <= --bad-share <= 1, --mixed-requests >= 0 and --mixed-clients >= 1")
+    if shutil.which("hey") is None:
+        p.error("hey is not installed (Debian package hey; scripts/setup.sh installs it)")
+    from pipeline.model_uri import resolve_model_uri
 
-    import torch
-
-    from pipeline.registry import download_cascade, image_frame, predict_frame, save_cascade_pyfunc
-    from pipeline.routing.package import load_cascade
-
-    env = dict(os.environ)
-    env.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path('mlflow.db').resolve()}")
-    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
-    env.update(MLFLOW_ENABLE_TELEMETRY="false", DO_NOT_TRACK="1",
-               MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this venv's uvicorn
-    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
-        model, local = args.model, Path(args.model)
-        if model.startswith("models:/"):
-            cascade = download_cascade(model, Path(tmp) / "download")
-        elif (local / "MLmodel").is_file():
-            from pipeline.registry import cascade_dir
-
-            cascade = cascade_dir(local)
-        else:  # a bare cascade directory: wrap it as the registry would
-            cascade = local
-            example = image_frame(request_images(args.data, load_cascade(local).meta.image_shape, 1))
-            model = str(save_cascade_pyfunc(local, Path(tmp) / "pyfunc", example))
-        loaded = load_cascade(cascade)
-        images = request_images(args.data, loaded.meta.image_shape, 4 * args.batch)  # (n, C, H, W)
-        b64 = list(image_frame(images)["image"])
-        singles = [body([b]) for b in b64]
-        batches = [body(b64[i:i + args.batch]) for i in range(0, len(b64) - args.batch + 1, args.batch)]
-        port = free_port()
-        with served(model, port, args.workers, env, Path(tmp) / "serve.log") as pgid:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-            conn.request("POST", "/invocations", batches[0], JSON)
-            answer = json.loads(conn.getresponse().read())["predictions"]
-            torch.set_grad_enabled(False)
-            local_rows = predict_frame(loaded, image_frame(images[:args.batch])).to_dict("records")
-            agree = sum(a["class_index"] == b["class_index"] and a["exit"] == b["exit"]
-                        for a, b in zip(answer, local_rows, strict=True)) / len(local_rows)
-            results = {}
-            phases = (("single", singles, 1), (f"batch{args.batch}", batches, args.batch))
-            for name, bodies, per_request in phases:
-                load(port, bodies, args.clients, args.warmup)
-                r = load(port, bodies, args.clients, args.seconds)
-                r["images_per_request"] = per_request
-                r["images_per_s"] = round(r["requests_per_s"] * per_request, 1)
-                results[name] = r
-            if args.mixed_requests:
-                mixed_good = [body(b64[i:i + 3]) for i in range(0, len(b64) - 2, 3)]
-                results["mixed"] = mixed(port, pgid, mixed_good, 3, bad_bodies(b64[0]), args.mixed_requests,
-                                         args.bad_share, args.mixed_clients)
-    report = {"model": args.model, "clients": args.clients, "workers": args.workers, "seconds": args.seconds,
-              "cpus": os.cpu_count(), "image_shape": list(loaded.meta.image_shape),
-              "agreement_with_local_engine": agree, "phases": results}
-    print(f"{'phase':10s} {'req/s':>8s} {'images/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} {'requests':>9s} "
-          f"{'failed':>7s}")
-    for name, r in ((n, r) for n, r in results.items() if n != "mixed"):
-        print(f"{name:10s} {r['requests_per_s']:8.1f} {r['images_per_s']:9.1f} {r['p50_ms']:8.1f} "
-              f"{r['p99_ms']:8.1f} {r['requests']:9d} {r['failed']:7d}")
-    print(f"agreement with the local engine (class and exit, {args.batch} images): {agree:.3f}")
-    mix = results.get("mixed")
-    bad_mix = False
-    if mix is not None:
-        print(f"mixed: {mix['requests']} requests from {mix['clients']} clients ({mix['bad']} bad) in "
-              f"{mix['seconds']} s: good failed {mix['good_failed']}, bad not 4xx naming the row "
-              f"{mix['bad_not_4xx_naming_the_row']}, 5xx {mix['server_errors_5xx']}, "
-              f"server RSS peak {mix['server_rss_peak_mb']} MB")
-        bad_mix = bool(mix["good_failed"] or mix["bad_not_4xx_naming_the_row"] or mix["server_errors_5xx"]
-                       or mix["server_rss_peak_mb"] > args.max_rss_gb * 1024)
+    with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_name:
+        tmp = Path(tmp_name)
+        model = str(resolve_model_uri(args.model, tmp / "model"))
+        with np.load(args.data / "test.npz", allow_pickle=False) as z:
+            images = z["images"][: 64 + BATCH_PROCS * BATCH_IMAGES + 256]
+        singles, batches = write_bodies(images, tmp)
+        report: dict = {"model": args.model, "cpus": os.cpu_count(), "seconds": args.seconds, "engines": {}}
+        for engine in args.engines:
+            row: dict = {"in_process_b256": {}, "served": {}}
+            for mode, static in (("exits", False), ("static", True)):
+                row["in_process_b256"][mode] = in_process(model, engine, images[-256:], static)
+                row["served"][mode] = measure(model, engine, static, singles, batches, args.seconds,
+                                              tmp / f"{engine}-{mode}.log")
+                print(json.dumps({engine: {mode: row["served"][mode]}}), flush=True)
+            row["gain"] = {load: round(row["served"]["exits"][load]["images_per_s"]
+                                       / max(row["served"]["static"][load]["images_per_s"], 1e-9), 2)
+                           for load in row["served"]["exits"]}
+            report["engines"][engine] = row
+        report["abuse"] = abuse_under_load(model, args.engines[0], singles, args.seconds, tmp / "abuse.log")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    failed = sum(r["failed"] for n, r in results.items() if n != "mixed")
-    return 1 if failed or agree < 1.0 or bad_mix else 0
+    print_report(report)
+    return 0
+
+
+def print_report(report: dict) -> None:
+    print(f"{'engine':6s} {'mode':7s} {'load':16s} {'images/s':>9s} {'p50 ms':>8s} {'p99 ms':>8s} "
+          f"{'non-200':>8s}")
+    for engine, row in report["engines"].items():
+        for mode, loads in row["served"].items():
+            for load, r in loads.items():
+                print(f"{engine:6s} {mode:7s} {load:16s} {r['images_per_s']:9.1f} {r['p50_ms']:8.2f} "
+                      f"{r['p99_ms']:8.2f} {r['non_200']:8d}")
+        print(f"{engine}: in-process batch 256 {row['in_process_b256']}; early-exit gain at the endpoint "
+              f"{row['gain']}")
+    abuse = report["abuse"]
+    print(f"good requests alone: p99 {abuse['good_alone']['p99_ms']} ms; during the abuse: p99 "
+          f"{abuse['good_during_abuse']['p99_ms']} ms, non-200 {abuse['good_during_abuse']['non_200']}")
+    for row in abuse["abusive"]:
+        print(f"  {row['status']:4d} in {row['seconds']:6.3f} s  {row['request']}")
 
 
 if __name__ == "__main__":

@@ -666,7 +666,7 @@ def test_serving_under_a_bounded_mixed_load(serving: str, images: dict[str, Path
     """8 clients, 500 requests, 10% bad (malformed base64, corrupt PNG, a 20000 x 20000 header, a row
     without an image, an empty frame): no good request fails, every bad one is a 4xx naming its row,
     no 5xx, and the server stays under 2 GB resident (bench/serving.py's mixed phase)."""
-    from bench.serving import bad_bodies, mixed
+    from bench.mlflow_serving import bad_bodies, mixed
 
     good = [png_b64(images[n]) for n in ("grey_png", "rgb_png", "grey_jpg")]
     bodies = [json.dumps({"dataframe_split": {"columns": ["image"], "data": [[g] for g in good]}}).encode()]

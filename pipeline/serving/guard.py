@@ -2,12 +2,13 @@
 
 Before a prediction request reaches the engine's queue it is refused, with a short JSON answer
 ``{"error_code", "message"}``, when its headers say so (411 no length, 413 too large, 415 wrong
-type; :func:`pipeline.serving.limits.check_headers`, the body is never read), when the server already
-holds ``max_queue`` requests (503 with ``Retry-After``: the queue is bounded, not grown), when its
-body does not arrive within ``read_timeout`` (408), or when its JSON is not UTF-8, nests too deep or
-does not parse (400). A raw image body (``image/png``, ``image/jpeg``, ``application/octet-stream``)
-is handed on as ``{"image": "<base64>"}`` (:func:`pipeline.serving.requests.wrap_raw`), so the engine's
-decoder reads one form. Everything else passes untouched.
+type; :func:`pipeline.serving.limits.check_headers`, the body is never read), when the server
+already holds ``max_queue`` requests (503 with ``Retry-After``: the queue is bounded, not grown),
+when its body does not arrive within ``read_timeout`` (408), when its JSON is not UTF-8, nests too
+deep or does not parse (400), or when it is over the image count or pixel budget of a request (413).
+A raw image body (``image/png``, ``image/jpeg``, ``application/octet-stream``) is handed on as
+``{"image": "<base64>"}`` (:func:`pipeline.serving.requests.wrap_raw`), so the engine's decoder
+reads one form. Everything else passes untouched.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, ServeLimits, check_headers, media_type
-from pipeline.serving.requests import BadRequest, parse_json, wrap_raw
+from pipeline.serving.requests import BadRequest, parse_json, precheck, wrap_raw
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -122,9 +123,9 @@ class GuardMiddleware:
 
 
 def parse_check(body: bytes, limits: ServeLimits) -> None:
-    """Refuse a JSON body that is not UTF-8, nests too deep or does not parse, before the engine's
-    framework parses it (which would answer 500)."""
-    parse_json(body, limits)
+    """Refuse a JSON body that is not UTF-8, nests too deep or does not parse (the engine's framework
+    would answer 500), or that is over the request budgets (:func:`pipeline.serving.requests.precheck`)."""
+    precheck(parse_json(body, limits), limits)
 
 
 def _json_headers(raw: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:

@@ -102,3 +102,19 @@ def test_other_routes_pass_untouched() -> None:
     inner = Recorder()
     status, _ = call(GuardMiddleware(inner), b"", None, path="/health", length=-1)
     assert status == 200 and len(inner.seen) == 1
+
+
+def test_budgets_are_refused_before_the_queue() -> None:
+    import base64
+
+    from tests.serving.test_requests import png_claiming
+
+    inner = Recorder()
+    app = GuardMiddleware(inner, ServeLimits(max_images=8))
+    nine = json.dumps({"images": ["aGk="] * 9}).encode()
+    status, answer = call(app, nine, "application/json")
+    assert status == 413 and "9 images, over the limit of 8" in answer["message"]
+    huge = base64.b64encode(png_claiming(4096, 4096)).decode()
+    status, answer = call(app, json.dumps({"images": [huge] * 5}).encode(), "application/json")
+    assert status == 413 and "declare" in answer["message"]
+    assert inner.seen == []
