@@ -144,3 +144,23 @@ def test_cli_recognizes_the_trained_cascade(tiny_repo, tmp_path):
     assert len(rows) == 1 and rows[0]["class_name"] in [str(i) for i in range(10)]
     info = run(["cascade", "info", "--model", "models/cascade"], tiny_repo).stdout
     assert "threshold" in info.lower()
+
+
+def test_onnx_export_answers_as_torch_on_the_whole_test_split(tiny_repo, tmp_path):
+    """`cascade export --format onnx` of the pipeline's own model, run by the ONNX Runtime engine with
+    its early exits, gives every test image the torch engine's class and exit."""
+    import numpy as np
+
+    from pipeline.routing.package import load_cascade
+    from pipeline.routing.recognize import recognize_arrays
+    from pipeline.serving.onnx_engine import OnnxCascade
+
+    run(["cascade", "export", "--model", "models/cascade", "--out", str(tmp_path / "onnx")], tiny_repo)
+    with np.load(tiny_repo / "data" / "prepared" / "test.npz") as z:
+        images = z["images"]
+    torch_rows = recognize_arrays(load_cascade(tiny_repo / "models" / "cascade"), images)
+    onnx_rows = OnnxCascade(tmp_path / "onnx").recognize(images)
+    assert len(images) >= 100
+    assert [(r["class_index"], r["exit"], r["macs"]) for r in onnx_rows] == \
+           [(r["class_index"], r["exit"], r["macs"]) for r in torch_rows]
+    assert len({r["exit"] for r in torch_rows}) >= 2  # images really leave at different exits
