@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -119,8 +120,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        serve(config)
+        previous = signal.signal(signal.SIGTERM, _stop)  # a TERM unwinds, so the download is removed
+        try:
+            serve(config)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
