@@ -1,7 +1,7 @@
 """``pipeline.codegraph`` on a small repository written to ``tmp_path`` (tests/test_imports.py and
 tests/test_dvc_deps.py check the real one): module names, the files of each package (caches left out),
 the names a file imports (function-level imports included, relative ones not), the graph (a package's
-own submodules are no edge), ``closure`` (parents' ``__init__`` included, an unknown module named),
+re-exported submodules are edges: they run), ``closure`` (parents' ``__init__`` included, an unknown module named),
 ``covered``, the missing and unused deps of a stage, ``find_cycle`` on its edge cases, ``code_deps``
 (a directory when the stage runs all of it), ``sync_dvc_yaml`` and the command line."""
 
@@ -31,7 +31,7 @@ FILES = {
     "pipeline/io.py": "import json\n",
     "pipeline/util.py": "from pipeline.io import read\n",
     "pipeline/unused.py": "X = 1\n",
-    "pipeline/models/__init__.py": "from pipeline.models import nets\n",  # re-export: no edge
+    "pipeline/models/__init__.py": "from pipeline.models import nets\n",  # a re-export runs nets
     "pipeline/models/nets.py": "def build():\n    import pipeline.util\n",  # deferred import
     "pipeline/models/extra.py": "",  # empty: runs nothing
     "pipeline/__pycache__/io.cpython-311.py": "import nowhere\n",
@@ -83,10 +83,23 @@ def test_imported_names_of_a_broken_file_names_it(tmp_path: Path) -> None:
 def test_import_graph_keeps_project_edges_only(repo: Path) -> None:
     graph = import_graph(repo)
     assert graph["pipeline.util"] == {"pipeline.io"}  # `read` is no module; json is not the project's
-    assert graph["pipeline.models"] == set()  # a package importing its own submodule: no edge
+    assert graph["pipeline.models"] == {"pipeline.models.nets"}  # a re-export runs its submodule
     assert graph["pipeline.models.nets"] == {"pipeline.util"}
     assert graph["stages.train"] == {"pipeline.models.nets"}  # the relative import is not read
     assert graph["pipeline.io"] == set()
+
+
+def test_an_edit_in_a_re_exported_submodule_reaches_the_stages_of_the_package(repo: Path) -> None:
+    """A submodule that only the package's ``__init__`` imports (a re-export) runs for every stage that
+    imports anything of the package: it is in the stage's closure, so its deps list must hold it."""
+    (repo / "pipeline" / "models" / "__init__.py").write_text(
+        "from pipeline.models import nets\nfrom pipeline.models.search import run\n")
+    (repo / "pipeline" / "models" / "search.py").write_text("import pipeline.unused\ndef run():\n    pass\n")
+    ran = closure("stages.train", repo)
+    assert Path("pipeline/models/search.py") in ran and Path("pipeline/unused.py") in ran
+    assert missing_code_deps("stages.train", ["pipeline/models/nets.py", "pipeline/models/__init__.py",
+                                              "pipeline/util.py", "pipeline/io.py", "stages"], repo) == \
+        [Path("pipeline/models/search.py"), Path("pipeline/unused.py")]
 
 
 def test_closure_is_what_running_a_module_executes(repo: Path) -> None:
