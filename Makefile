@@ -1,5 +1,5 @@
 # `make repro` runs the full pipeline on Fashion-MNIST; `make test` runs the test suite.
-# Both run the idempotent set-up first (dataset package, .venv, dvc).
+# `make lint` runs ruff on the whole repository (as .ci/run does). All run the idempotent set-up first (dataset package, .venv, dvc).
 SHELL := /bin/bash
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 export DVC_NO_ANALYTICS := 1
@@ -28,7 +28,7 @@ test: setup
 	python -m pytest -q
 
 lint: setup
-	ruff check pipeline stages tests bench
+	ruff check .
 
 bench-data: setup
 	python -m bench.data_stages

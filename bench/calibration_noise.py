@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{100 * r['test_accuracy_min']:.2f}-{100 * r['test_accuracy_max']:.2f}) at "
                   f"{r['mean_macs'] / 1e6:.2f} M; decays {r['decays']}")
         else:
-            print(f"{name:>12}: test {100 * r['test_accuracy']:.2f}% at {r['mean_macs'] / 1e6:.2f} M, decay {r['decay']:g}")
+            print(f"{name:>12}: test {100 * r['test_accuracy']:.2f}% at {r['mean_macs'] / 1e6:.2f} M, "
+                  f"decay {r['decay']:g}")
     write_json(args.out, {"model": str(args.model), "repeats": args.repeats, "calibrate": cfg, "rules": result})
     return 0
 

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         ("batch-256 speed-up >= 0.8 x MACs ratio", v["speedup_over_macs_ratio"] >= 0.8,
          f"{v['throughput_speedup_b256']:.2f}x vs {v['macs_ratio']:.2f}x ({v['speedup_over_macs_ratio']:.2f})"),
         # a tie (the predictor unused: the same model) is not a win; evaluate's routing target is stricter
-        ("predictor routing beats static selection", (c["accuracy"], -c["mean_macs"]) != (ts["accuracy"], -ts["mean_macs"])
+        ("predictor routing beats static selection",
+         (c["accuracy"], -c["mean_macs"]) != (ts["accuracy"], -ts["mean_macs"])
          and c["accuracy"] >= ts["accuracy"] and c["mean_macs"] <= ts["mean_macs"],
          f"{100 * (c['accuracy'] - ts['accuracy']):+.2f} points, {c['mean_macs'] - ts['mean_macs']:+,.0f} MACs"),
     ]

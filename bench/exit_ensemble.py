@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_grad_enabled(False)
     outputs = {}
     for split in ("calib", "test"):  # "calib": the held-out set calibrate fits on (calibrate.held_out)
-        data = load_held_out(args.data, cfg.get("held_out", "calib")) if split == "calib" else load_split(args.data, split)
+        held = cfg.get("held_out", "calib")
+        data = load_held_out(args.data, held) if split == "calib" else load_split(args.data, split)
         logits, cum = exit_outputs(model.stages, preprocess(data.images, model.meta), kind)
         outputs[split] = (logits, cum, torch.from_numpy(data.labels))
     rows = []
@@ -55,12 +56,14 @@ def main(argv: list[str] | None = None) -> int:
         correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
         acc, macs, counts = simulate_thresholds(confidence(scores, kind).numpy(), correct, cum, res["thresholds"])
         row = {"decay": decay, "thresholds": res["thresholds"],
-               "calib": {"exit_accuracy": res["exit_accuracy"], "accuracy": res["accuracy"], "mean_macs": res["mean_macs"]},
+               "calib": {"exit_accuracy": res["exit_accuracy"], "accuracy": res["accuracy"],
+                         "mean_macs": res["mean_macs"]},
                "test": {"exit_accuracy": correct.mean(axis=0).tolist(), "accuracy": acc, "mean_macs": macs,
                         "exit_counts": np.asarray(counts).tolist()}}
         rows.append(row)
         pct = lambda xs: " / ".join(f"{100 * v:.2f}" for v in xs)  # noqa: E731
-        print(f"{decay:>6g} | {pct(res['exit_accuracy']):>22} | {100 * res['accuracy']:6.2f}% at {res['mean_macs'] / 1e6:.2f} M"
+        print(f"{decay:>6g} | {pct(res['exit_accuracy']):>22} | {100 * res['accuracy']:6.2f}% at "
+              f"{res['mean_macs'] / 1e6:.2f} M"
               f" | {pct(row['test']['exit_accuracy']):>22} | {100 * acc:6.2f}% at {macs / 1e6:.2f} M")
     write_json(args.out, {"model": str(args.model), "calibrate": cfg, "rows": rows})
     return 0

@@ -13,8 +13,8 @@ once, one thread each (2 on the 2-core machine: the same total throughput as one
 threads). Each trained module is then scored on ``calib`` and ``test``: exit K alone and in the exit
 ensemble with the frozen exits before it (decays 0.25 and 0.5, as ``calibrate.ensemble_decays``).
 MLflow runs and resumable checkpoints go under ``--work``, not the project's. Modules with ``kd`` > 0
-(params or variant) learn from the ``--teacher`` baselines directory's plain_large (``dvc repro baselines``). The result goes to
-``docs/results/regularisers_mK.json``.
+(params or variant) learn from the ``--teacher`` baselines directory's plain_large (``dvc repro
+baselines``). The result goes to ``docs/results/regularisers_mK.json``.
 """
 
 from __future__ import annotations

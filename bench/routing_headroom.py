@@ -160,7 +160,8 @@ def module_report(k: int, stages: list[Stage], models: Path, costs: CostModel, x
     macs = [costs.macs(k, a) for a in archs]
     r = len(archs)
     static = archs.index(Arch.from_key(selection["static"]))
-    outs = {split: [exit_outputs(with_candidate(stages, k, a, m), xs[split], kind) for a, m in zip(archs, macs)]
+    outs = {split: [exit_outputs(with_candidate(stages, k, a, m), xs[split], kind)
+                    for a, m in zip(archs, macs, strict=True)]
             for split in SPLITS}
     rows = []
     for i, arch in enumerate(archs):

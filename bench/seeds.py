@@ -5,7 +5,8 @@
 
 Each seed is a DVC experiment (`dvc exp run -S seed=N --name seed-N-<time>`, so `dvc exp show` lists them)
 run in the workspace one after another; after each, its `metrics/evaluate.json` is copied to
-`docs/results/seeds/seed_N.json` and its budget curves to `budget_curve_seed_N.csv` beside it. The seed changes everything downstream of it: the stratified
+`docs/results/seeds/seed_N.json` and its budget curves to `budget_curve_seed_N.csv` beside it. The
+seed changes everything downstream of it: the stratified
 splits, the grading folds, every module's initial weights, data order and architecture draws, the
 baselines. When the runs are done the workspace goes back to the committed params and outputs
 (`git checkout params.yaml dvc.lock metrics && dvc checkout`). The summary prints, per figure, each

@@ -116,8 +116,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def code_deps(module: str, root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
     """The shortest list of DVC deps covering what ``module`` runs: a package directory where the
-    module runs every non-empty file of it, else the non-empty files (what dvc.yaml lists; ``python -m pipeline.codegraph``
-    prints it)."""
+    module runs every non-empty file of it, else the non-empty files (what dvc.yaml lists;
+    ``python -m pipeline.codegraph`` prints it)."""
     ran = {p for p in closure(module, root, packages) if (root / p).stat().st_size > 0}
     everything = {p.relative_to(root) for p in module_files(root, packages).values() if p.stat().st_size > 0}
 

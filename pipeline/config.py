@@ -3,9 +3,9 @@ reads the params file itself. Every check raises :class:`ConfigError` naming the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
-import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any

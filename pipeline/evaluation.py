@@ -47,7 +47,8 @@ def cascade_summary(out: CascadeOutput, labels: np.ndarray, n_classes: int, leve
     }
     if levels is not None:
         summary["exit_share_by_level"] = {
-            f"level_{lv}": (np.bincount(exits[levels == lv], minlength=k) / max(1, (levels == lv).sum())).round(4).tolist()
+            f"level_{lv}": (np.bincount(exits[levels == lv], minlength=k)
+                            / max(1, (levels == lv).sum())).round(4).tolist()
             for lv in np.unique(levels)}
     return summary
 
@@ -98,7 +99,7 @@ def time_cascade(stages: Sequence[Stage], x: torch.Tensor, kind: str, *, batch1_
         _sync(x.device)
         runs.append(time.perf_counter() - start)
     q1, _, q3 = statistics.quantiles(singles, n=4) if len(singles) > 1 else (singles[0],) * 3
-    return {"latency_ms_b1_median": statistics.median(singles), "throughput_b%d" % big_batch: len(x) / min(runs),
+    return {"latency_ms_b1_median": statistics.median(singles), f"throughput_b{big_batch}": len(x) / min(runs),
             "latency_b1_iqr_share": (q3 - q1) / statistics.median(singles),
             "throughput_spread": max(runs) / min(runs) - 1.0}
 
@@ -216,7 +217,8 @@ def routing_lines(results: dict[str, Any]) -> list[str]:
                      f" ({row['images_reaching']} test images reach it)")
         for c in row["candidates"]:
             acc = "     -" if c["exit_accuracy"] is None else f"{100 * c['exit_accuracy']:5.2f}%"
-            lines.append(f"  {c['path']:40s} {c['module_macs']:12,d} MACs  exit {acc}  share {100 * c['routed_share']:5.1f}%")
+            lines.append(f"  {c['path']:40s} {c['module_macs']:12,d} MACs  exit {acc}  "
+                         f"share {100 * c['routed_share']:5.1f}%")
         if row.get("oracle"):
             o = row["oracle"]
             lines.append(f"  oracle (cheapest right candidate per image): exit {100 * o['accuracy']:5.2f}% at "

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from pipeline.baselines import Baselines, baseline_arrays, evaluate_baselines
+from pipeline.dominance import dominance
 from pipeline.evaluation import (
     all_exit_figures,
     candidate_correct,
@@ -31,7 +32,6 @@ from pipeline.evaluation import (
     timing_noisy,
     to_numpy,
 )
-from pipeline.dominance import dominance
 from pipeline.io import Split, atomic_path
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel

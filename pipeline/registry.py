@@ -41,7 +41,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["CHALLENGER", "CHAMPION", "CLASSES_TAG", "INPUT_COLUMNS", "OUTPUT_COLUMNS", "Decision", "RegisterConfig",
-           "accuracy_at", "class_set_mismatch", "curve_points", "decode_payload", "download_cascade", "encode_png", "gate",
+           "accuracy_at", "class_set_mismatch", "curve_points", "decode_payload", "download_cascade", "encode_png",
+           "gate",
            "image_frame", "input_hashes", "lineage_tags", "log_version", "metrics_from_tags",
            "parse_model_uri", "png_b64", "predict_frame", "promote", "register_cascade",
            "save_cascade_pyfunc"]

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import socket
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -121,7 +120,7 @@ class GuardHandler(BaseHTTPRequestHandler):
             if cap is not None and reply.read(1):
                 data += b" ... (cut by the guard)"
             self._answer(reply.status, data, reply.getheader("Content-Type", "application/json"))
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             self._refuse(504, f"the model server did not answer within {self.limits.timeout:g} s")
         except OSError as exc:
             self._refuse(502, f"the model server is unreachable: {exc}")

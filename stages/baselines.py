@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     figures: dict[str, dict[str, Any]] = {}
     conf: dict[str, np.ndarray] = {}  # name -> (N,) calib confidence
     correct: dict[str, np.ndarray] = {}  # name -> (N,) bool, calib prediction right
-    run_params = {"baselines": asdict(cfg), "seed": seed, "calibrate": {"delta": delta, "grid": grid, "bound_z": bound_z,
-                                                                   "held_out": held_out},
+    run_params = {"baselines": asdict(cfg), "seed": seed,
+                  "calibrate": {"delta": delta, "grid": grid, "bound_z": bound_z, "held_out": held_out},
                   "confidence": kind, "train_images": len(train)}
     with stage_run("baselines", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params=run_params) as run:

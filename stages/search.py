@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     with stage_run(f"search@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"search": dict(section(params, "search")), "module": k, "sampler": cfg.sampler}) as run:
         with autocast(device, compute.precision):
-            rows, spread_rows = (evaluate_candidates(module, features, labels, group, macs_of=lambda a: costs.macs(k, a),
+            rows, spread_rows = (evaluate_candidates(module, features, labels, group,
+                                                     macs_of=lambda a: costs.macs(k, a),
                                                      latency_of=lambda a, b: costs.latency_ms(k, a, b),
                                                      cost_max=costs.max_macs(k), lambda_c=cfg.lambda_c)
                                  for group in (archs, extra))

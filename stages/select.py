@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     if selection["predictor"] and not metrics["predictor_used"]:
         print(f"select@{name}: predictor routing {metrics['predictor_routed_acc_heldout']:.4f} at "
               f"{metrics['predictor_mean_macs_heldout']:,.0f} MACs does not pay against the static choice "
-              f"{metrics['static_acc_heldout']:.4f} at {metrics['static_macs']:,} MACs on held-out route: static serves")
-    print(f"select@{name}: mode {selection['mode']}, {len(archs)} candidates, static {selection['static'] or '(fixed)'}"
+              f"{metrics['static_acc_heldout']:.4f} at {metrics['static_macs']:,} MACs on held-out route: "
+              "static serves")
+    static_key = selection["static"] or "(fixed)"
+    print(f"select@{name}: mode {selection['mode']}, {len(archs)} candidates, static {static_key}"
           + (f", {scoring} predictor routes {metrics['predictor_routed_acc_heldout']:.4f} right (held-out route), "
              f"{metrics['predictor_macs']:,} MACs" if selection["predictor"] else ""))
 

@@ -265,8 +265,8 @@ def test_schema_enums_match_the_library():
         UTILITIES,
     )
     from pipeline.routing import calibration, predictor
-    from pipeline.train import config as loop
     from pipeline.search import probmodel
+    from pipeline.train import config as loop
     from stages import select
 
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS

@@ -137,7 +137,8 @@ def _check_training(name: str, predictor: Predictor, scoring: str, features: tor
 
 
 def _fit(predictor: Predictor, features: torch.Tensor,
-         loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], accuracy_of: Callable[[], float], history: dict[str, list[float]], *, epochs: int, lr: float,
+         loss_of: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], accuracy_of: Callable[[], float],
+         history: dict[str, list[float]], *, epochs: int, lr: float,
          batch_size: int, seed: int, weight_decay: float) -> dict[str, list[float]]:
     """Adam over shuffled mini-batches of precomputed features; ``loss_of(logits, rows)``."""
     n = features.shape[0]

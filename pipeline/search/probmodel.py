@@ -241,8 +241,8 @@ def utility_weights(perf: torch.Tensor, utility: str = "rank", temperature: floa
     ``rank``: :func:`rank_weights` as the values, scale- and offset-free; the gradient (for the MI
     term) flows through a straight-through surrogate ``softmax(z / T)`` of the standardised perf z,
     which is scale-free too. ``elite``: :func:`elite_weights` (the cross-entropy method's rule; the
-    estimation-of-distribution baseline), same surrogate. ``softmax``: ``softmax(perf / T)`` on raw perf (the original rule, kept
-    as the ablation; its effective greediness depends on the objective's scale).
+    estimation-of-distribution baseline), same surrogate. ``softmax``: ``softmax(perf / T)`` on raw
+    perf (the original rule, kept as the ablation; its effective greediness depends on the objective's scale).
     """
     if utility not in UTILITIES:
         raise ValueError(f"utility must be one of {UTILITIES}, got {utility!r}")

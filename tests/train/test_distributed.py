@@ -6,7 +6,8 @@ utilities) is equal to 1e-9. With BatchNorm each rank normalises its own 16 rows
 (DDP's default on CPUs; SyncBatchNorm is GPU-only), so the runs differ like two batch compositions
 do: weights within 10% of their norm after 16 steps (measured: 5.0%), training accuracy within 5
 points (measured: 2.3), and P(N) equal here (rank utilities only see the order of the m paths' perf,
-which the BatchNorm difference did not change). Every rank always holds the same weights and the same P(N) as rank 0 (checked exactly).
+which the BatchNorm difference did not change). Every rank always holds the same weights and the same
+P(N) as rank 0 (checked exactly).
 """
 
 from __future__ import annotations
