@@ -36,6 +36,9 @@ MAX_IMAGE_SIDE = 4096
 MAX_LAYERS = 64
 MAX_CHANNELS = 4096
 MAX_HEAD = 4096  # head_grid and head_hidden
+# What a whole manifest may make the loader allocate (parameters and buffers of every module and
+# predictor together): each key within its own bound can still multiply to tens of GB (issue 41).
+MAX_MODEL_BYTES = 1 << 30
 MANIFEST = "cascade.json"
 
 
@@ -319,6 +322,24 @@ def _construct(entry: Mapping[str, Any], meta: CascadeMeta, device: torch.device
     return module, candidates, predictor
 
 
+def _check_total_size(directory: Path, entries: Sequence[Mapping[str, Any]], meta: CascadeMeta) -> None:
+    """Refuse a manifest whose modules and predictors together hold more than :data:`MAX_MODEL_BYTES`,
+    before anything is allocated: each is built on the ``meta`` device (shapes only, no memory)."""
+    total = 0
+    for k, entry in enumerate(entries, start=1):
+        try:
+            with torch.device("meta"):
+                nets = [n for n in _construct(entry, meta, torch.device("meta"))[::2] if n is not None]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _invalid(directory / MANIFEST, k, exc) from None
+        total += sum(t.numel() * t.element_size() for net in nets
+                     for t in (*net.parameters(), *net.buffers()))
+        if total > MAX_MODEL_BYTES:
+            raise ValueError(f"{directory / MANIFEST} asks for {total / 2**30:.1f} GiB of weights by module {k} "
+                             f"(each size within its own limit), over the limit of "
+                             f"{MAX_MODEL_BYTES / 2**30:g} GiB: refusing to build it")
+
+
 def _build_stage(directory: Path, k: int, entry: Mapping[str, Any], meta: CascadeMeta,
                  sha: Mapping[str, str], device: torch.device) -> Stage:
     manifest = directory / MANIFEST
@@ -356,6 +377,7 @@ def load_cascade(directory: str | os.PathLike[str], device: str | torch.device =
         sha = dict(manifest.get("sha256") or {})
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{directory / MANIFEST} is invalid: {type(exc).__name__}: {exc}") from None
+    _check_total_size(directory, entries, meta)
     stages = [_build_stage(directory, k, e, meta, sha, device) for k, e in enumerate(entries, start=1)]
     return LoadedCascade(stages, meta)
 

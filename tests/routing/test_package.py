@@ -402,3 +402,18 @@ def test_packaged_carries_the_fit_and_its_lineage_through_the_model_directory(tm
     assert loaded.meta.info == meta.info and loaded.meta.ensemble_decay == 0.25
     with pytest.raises(KeyError, match="modules"):
         packaged(tiny_stages(), META, res, "selected", fit_cfg, {"train": {}})
+
+
+def test_a_manifest_within_every_limit_but_too_large_in_all_is_refused_before_allocating(
+    saved: tuple[list[Stage], Path], tmp_path: Path
+) -> None:
+    """Every key within its own bound (4096 channels, a 4096-wide head), the product GiBs of weights: refused
+    from shapes alone (built on the meta device), naming the manifest and the module."""
+    directory = tmp_path / "model"
+    directory.mkdir()
+    for path in saved[1].iterdir():
+        (directory / path.name).write_bytes(path.read_bytes())
+    _edit_manifest(directory, lambda m: m["modules"][2]["spec"].update(channels=4096, head_hidden=4096, head_grid=8))
+    with pytest.raises(ValueError, match=r"GiB of weights by module 3 .* over the limit of 1 GiB") as info:
+        load_cascade(directory)
+    assert str(directory / MANIFEST) in str(info.value)
