@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pipeline import exit_codes
 from pipeline.config import ConfigError, deep_merge, load_params
 from pipeline.params_schema import check_params
 from pipeline.profiles import check_source
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         check_source(str(params["data"]["source"]))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.PARAMS
     print(f"{args.params}: ok")
     return 0
 

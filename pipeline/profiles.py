@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from pipeline import exit_codes
 from pipeline.config import ConfigError, deep_merge, load_params
 from pipeline.params_schema import check_params
 from pipeline.progress import FIRST_RUN_HINT, TIMES_FILE, StageProgress, load_times, save_times
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         check_source(str(merged["data"]["source"]))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return exit_codes.PARAMS
     cmd = command(overlay, base, args.extra)
     print("running: " + " ".join(cmd), flush=True)
     if args.dry_run:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline import exit_codes
 from pipeline.config import ConfigError, load_checked_params
 from pipeline.data.sources import DataError
 
@@ -47,8 +48,9 @@ def module_number(text: str) -> int:
 
 
 def cli(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:
-    """Wrap a stage's main: known errors print ``error: ...`` to stderr and exit with status 1
-    (set ``CASCADE_DEBUG=1`` for the traceback)."""
+    """Wrap a stage's main: known errors print ``error: ...`` to stderr and exit with their kind's
+    status (:mod:`pipeline.exit_codes`: 3 params, 4 data, 5 a failed check; set ``CASCADE_DEBUG=1`` for
+    the traceback); anything else is a bug and raises (status 1)."""
 
     @functools.wraps(fn)
     def wrapper(argv: list[str] | None = None) -> int:
@@ -58,7 +60,7 @@ def cli(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], 
             if os.environ.get("CASCADE_DEBUG"):
                 raise
             print(f"error: {exc}", file=sys.stderr)
-            return 1
-        return 0
+            return exit_codes.CHECK if isinstance(exc, StageFailed) else exit_codes.exit_code(exc) or 1
+        return exit_codes.OK
 
     return wrapper

@@ -294,7 +294,7 @@ def test_ingest_stage_names_the_bad_file_and_writes_nothing(
     params_path = tmp_path / "params.yaml"
     params_path.write_text(yaml.safe_dump(params))
     out, metrics = tmp_path / "prepared", tmp_path / "m.json"
-    assert ingest.main(["--params", str(params_path), "--out", str(out), "--metrics", str(metrics)]) == 1
+    assert ingest.main(["--params", str(params_path), "--out", str(out), "--metrics", str(metrics)]) == 4
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(f"error: image file {bad} cannot be decoded")
     assert not out.exists() and not metrics.exists()
@@ -315,7 +315,7 @@ def test_ingest_stage_passes_the_pixel_limit(tmp_path: Path, capsys: pytest.Capt
         for i in range(3, 20):
             Image.fromarray(np.full((20, 20), 60 + i, np.uint8)).save(root / class_dir / f"{i}.png")
     params = load_params("params.yaml")
-    for limit, status in ((399, 1), (400, 0)):
+    for limit, status in ((399, 4), (400, 0)):  # 4: a data error (pipeline.exit_codes)
         params["data"].update(source=f"imagefolder:{root}", image_size=8, max_pixels=limit)
         params_path = tmp_path / f"params{limit}.yaml"
         params_path.write_text(yaml.safe_dump(params))

@@ -70,7 +70,7 @@ def test_check_params_cli_names_the_bad_after(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     cmd = [sys.executable, "-m", "pipeline.check_params", "--params", str(tmp_path / "params.yaml")]
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert result.returncode == 1 and "modules.m4.after stacks m4 on module m9" in result.stderr
+    assert result.returncode == 3 and "modules.m4.after stacks m4 on module m9" in result.stderr
 
 
 DVC = shutil.which("dvc", path=str(Path(sys.executable).parent))

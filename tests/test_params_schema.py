@@ -306,7 +306,7 @@ def test_bad_key_elsewhere_fails_ingest_first(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
     params = write(tmp_path, {"train": {"epochs": "3"}, "data": {"source": "idx:/nonexistent"}})
     out, metrics = tmp_path / "prepared", tmp_path / "m.json"
-    assert ingest.main(["--params", str(params), "--out", str(out), "--metrics", str(metrics)]) == 1
+    assert ingest.main(["--params", str(params), "--out", str(out), "--metrics", str(metrics)]) == 3
     err = capsys.readouterr().err
     assert "train.epochs must be an int >= 1, got '3'" in err and "nonexistent" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
@@ -322,7 +322,7 @@ def test_stage_process_with_bad_params_exits_fast_naming_the_key(tmp_path):
          "--models", str(tmp_path / "models"), "--metrics", str(tmp_path / "select.json")],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     elapsed = time.monotonic() - start
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 3, result.stderr
     assert "select.epochs must be an int >= 1, got 'many'" in result.stderr
     assert "data.val_fraktion is not a known key (did you mean data.val_fraction?)" in result.stderr
     assert "Traceback" not in result.stderr
@@ -337,13 +337,13 @@ def test_check_params_cli(tmp_path, capsys):
     tiny = ["--overlay", str(ROOT / "profiles" / "tiny.yaml")]
     assert main(["--params", str(ROOT / "params.yaml"), *tiny]) == 0
     capsys.readouterr()
-    assert main(["--params", str(write(tmp_path, {"trian": {}, "search": {"samples": 2.5}}))]) == 1
+    assert main(["--params", str(write(tmp_path, {"trian": {}, "search": {"samples": 2.5}}))]) == 3
     err = capsys.readouterr().err
     assert "2 problems" in err and "trian is not a known section (did you mean train?)" in err
     assert "search.samples must be an int >= 1, got 2.5" in err
     params = load_params(ROOT / "params.yaml")
     params["data"]["source"] = f"imagefolder:{tmp_path / 'no-such-folder'}"
-    assert main(["--params", str(write(tmp_path, params))]) == 1  # a folder that is not there: said before a run
+    assert main(["--params", str(write(tmp_path, params))]) == 3  # a folder that is not there: said before a run
     assert "no-such-folder does not exist" in capsys.readouterr().err
 
 

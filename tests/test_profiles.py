@@ -36,14 +36,14 @@ def test_the_quick_profile_keeps_the_modules_epoch_budget_for_the_baselines() ->
 
 def test_dry_run_prints_the_experiment_and_bad_input_stops_first(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.chdir(ROOT)
-    assert main(["--profile", "quick", "--data", str(tmp_path), "--dry-run"]) == 1  # not a source spec
+    assert main(["--profile", "quick", "--data", str(tmp_path), "--dry-run"]) == 3  # not a source spec
     assert "data.source must be fashion-mnist" in capsys.readouterr().err
     assert main(["--profile", "quick", "--data", f"imagefolder:{tmp_path}", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("running: dvc exp run -S ") and f"-S data.source=imagefolder:{tmp_path}" in out
     with pytest.raises(ConfigError, match="does not exist"):
         check_source(f"imagefolder:{tmp_path / 'missing'}")
-    assert main(["--profile", "nope", "--dry-run"]) == 1
+    assert main(["--profile", "nope", "--dry-run"]) == 3
     assert "profiles: quick, tiny" in capsys.readouterr().err
 
 

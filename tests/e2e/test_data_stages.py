@@ -84,7 +84,7 @@ def test_failed_validation_stops_the_pipeline(tiny_repo, tmp_path):
     out = tmp_path / "validation"
     result = run(["python", "-m", "stages.validate", "--params", str(bad), "--data", "data/prepared",
                   "--out", str(out)], tiny_repo, check=False)
-    assert result.returncode == 1
+    assert result.returncode == 5  # a failed check (pipeline.exit_codes)
     assert "expect_column_values_to_be_between(pixel_mean)" in result.stderr and "e.g. ids" in result.stderr
 
 
