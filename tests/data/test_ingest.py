@@ -52,7 +52,7 @@ def test_stage_refuses_a_small_class_and_writes_nothing(tmp_path, store, monkeyp
     status, out = run_ingest(tmp_path, store, monkeypatch, "small", source=f"imagefolder:{root}",
                              image_size=8)
     errors = error_lines(capsys)
-    assert status == 1 and len(errors) == 1
+    assert status == 4 and len(errors) == 1
     assert "class 'lonely' (label 2) has 1 image, none in train, route, calib" in errors[0]
     assert not out.exists() and not (tmp_path / "small.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".prepared")]
@@ -64,7 +64,7 @@ def test_stage_refuses_an_idx_label_outside_the_class_set(tmp_path, store, monke
     status, out = run_ingest(tmp_path, store, monkeypatch, "idx", source=f"idx:{tmp_path / 'idx'}",
                              image_size=6)
     errors = error_lines(capsys)
-    assert status == 1 and len(errors) == 1
+    assert status == 4 and len(errors) == 1
     labels_file = tmp_path / "idx" / "train-labels-idx1-ubyte.gz"
     assert errors[0].startswith(f"error: IDX file {labels_file}: 1 labels outside the class set 0..9, "
                                 "e.g. index 3 has label 200")
@@ -76,7 +76,7 @@ def test_stage_refuses_a_nested_class_folder(tmp_path, store, monkeypatch, capsy
     status, out = run_ingest(tmp_path, store, monkeypatch, "nested", source=f"imagefolder:{root}",
                              image_size=8)
     errors = error_lines(capsys)
-    assert status == 1 and len(errors) == 1
+    assert status == 4 and len(errors) == 1
     nested = root / "animals"
     assert errors[0].startswith(f"error: class folder {nested} holds a sub-folder {nested / 'cats'}")
     assert not out.exists()
