@@ -11,6 +11,7 @@ with each file's sha256; the directory is written atomically.
 
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from pathlib import Path
@@ -53,11 +54,46 @@ class _Choice(nn.Module):
         return self.predictor.choose(features)
 
 
+def _pool_matrix(size: int, out: int) -> torch.Tensor:
+    """(out, size) averaging matrix of adaptive average pooling: row i averages [floor(i*size/out),
+    ceil((i+1)*size/out)), as torch's kernel does."""
+    m = torch.zeros(out, size)
+    for i in range(out):
+        lo, hi = (i * size) // out, -((-(i + 1) * size) // out)
+        m[i, lo:hi] = 1.0 / (hi - lo)
+    return m
+
+
+class _MatPool(nn.Module):
+    """``AdaptiveAvgPool2d`` as two matrix products where the output size does not divide the input
+    (which ONNX's exporter cannot express); spatial sizes are fixed per stage, only the batch varies."""
+
+    def __init__(self, output_size: Any) -> None:
+        super().__init__()
+        self.out = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (oh, ow), h, w = self.out, int(x.shape[-2]), int(x.shape[-1])
+        if h % oh == 0 and w % ow == 0:
+            return nn.functional.adaptive_avg_pool2d(x, (oh, ow))
+        return torch.matmul(torch.matmul(_pool_matrix(h, oh), x), _pool_matrix(w, ow).t())
+
+
+def _exportable(net: nn.Module) -> nn.Module:
+    """A copy of ``net`` with every adaptive average pool made exportable."""
+    net = copy.deepcopy(net)
+    for name, child in list(net.named_modules()):
+        if isinstance(child, nn.AdaptiveAvgPool2d):
+            parent = net.get_submodule(name.rsplit(".", 1)[0]) if "." in name else net
+            setattr(parent, name.rsplit(".", 1)[-1], _MatPool(child.output_size))
+    return net
+
+
 def _export(net: nn.Module, example: torch.Tensor, path: Path, outputs: list[str]) -> None:
     axes = {name: {0: "batch"} for name in ["input", *outputs]}
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation and tracer notes
-        torch.onnx.export(net.eval(), (example,), str(path), input_names=["input"], output_names=outputs,
+        torch.onnx.export(_exportable(net).eval(), (example,), str(path), input_names=["input"], output_names=outputs,
                           dynamic_axes=axes, opset_version=OPSET, dynamo=False)
 
 

@@ -81,3 +81,22 @@ def test_numpy_confidence_matches_the_torch_one(kind: str) -> None:
     logits = np.random.default_rng(0).normal(size=(200, 7)).astype(np.float32) * 3
     expected = torch_confidence(torch.from_numpy(logits), kind).numpy()
     np.testing.assert_allclose(confidence(logits, kind), expected, rtol=0, atol=1e-6)
+
+
+def test_a_pool_whose_output_does_not_divide_its_input_exports_exactly(tmp_path: Path) -> None:
+    """The default model's exit heads pool 14x14 to 4x4, which ONNX's exporter cannot express as an
+    adaptive pool: it is exported as two averaging matrix products and agrees with torch's pool."""
+    import onnxruntime as ort
+    import torch
+    from torch import nn
+
+    from pipeline.serving.onnx_export import _export
+
+    net = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.AdaptiveAvgPool2d(4), nn.Flatten())
+    x = torch.randn(5, 2, 14, 14)
+    _export(net, x[:2], tmp_path / "pool.onnx", ["out"])
+    session = ort.InferenceSession(str(tmp_path / "pool.onnx"), providers=["CPUExecutionProvider"])
+    with torch.no_grad():
+        expected = net(x).numpy()
+    np.testing.assert_allclose(session.run(None, {"input": x.numpy()})[0], expected, atol=1e-5)
+    assert isinstance(net[1], nn.AdaptiveAvgPool2d)  # the model itself is left as it was
