@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 
 from pipeline.data.sources import DEFAULT_MAX_PIXELS
 from pipeline.payload import MAX_REQUEST_PIXELS
+from pipeline.serve_guard import json_depth_exceeds as _scan_depth
 
 RAW_TYPES = ("image/png", "image/jpeg", "application/octet-stream")  # one image per request, its bytes
 JSON_TYPE = "application/json"
@@ -64,27 +65,10 @@ def check_headers(method: str, path: str, content_length: str | None, content_ty
 
 
 def json_depth_exceeds(text: bytes | str, limit: int) -> bool:
-    """Whether JSON ``text`` nests arrays/objects more than ``limit`` deep (brackets inside strings do
-    not count); a linear scan without parsing, so a hostile depth costs nothing."""
+    """Whether JSON ``text`` nests deeper than ``limit`` (:func:`pipeline.serve_guard.json_depth_exceeds`'s
+    linear scan; a body with too few brackets to nest that deep is not scanned at all)."""
     if isinstance(text, bytes):
         if text.count(b"[") + text.count(b"{") <= limit:
-            return False  # too few brackets to nest that deep: skip the scan (the common case)
+            return False
         text = text.decode("utf-8", errors="replace")
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
+    return _scan_depth(text, limit)
