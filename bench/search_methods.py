@@ -10,8 +10,13 @@ Methods: ours (the default of pipeline.search.search: rank utilities, the entrop
 Latin-hypercube pick, restarts), ours with plain draws of P, ours with the first entropy pick (greedy
 over a pool of draws, the pool shrinking with P's entropy, and fixed), the original update
 (softmax(perf / T) on raw scores, T 0.2, fixed greedy pool, no restarts: the brief's first build),
-random search, and a plain estimation-of-distribution baseline (50 plain draws, the best quarter,
-mixed in at rate 0.1).
+random search, a plain estimation-of-distribution baseline (50 plain draws, the best quarter,
+mixed in at rate 0.1), and the NAS literature's baselines (bench/search_baselines.py): regularized
+evolution (population 20, sample 10, tuned once on the synthetic family), local search (best
+improvement over the one-change neighbourhood, random restarts) and Optuna's TPE (at most
+--tpe-trials trials a run: its cost grows with the trials). Issue 40's variants of method B (VARIANTS)
+run when named in --methods. Every run stops at its first top-0.1% architecture (the counts are
+those of a run to the budget), and each row gives the median's distribution-free 95% interval.
 
 Run from the repository root: ``python -m bench.search_methods --repeats 30``. Medians of these
 heavy-tailed counts move a lot between seeds; ``--pool a.json b.json`` pools the raw counts of runs
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -32,26 +38,40 @@ from typing import Any
 
 import numpy as np
 
+from bench.search_baselines import TPE_TRIALS, local_search, regularized_evolution, tpe
 from pipeline.io import write_json
 from pipeline.search.blackbox import SearchResult, random_search, search
 from pipeline.search.space import Arch, SearchSpace
 from pipeline.search.synthetic import make_synthetic
 
-Runner = Callable[[SearchSpace, Callable[[Arch], Any], int, int], SearchResult]
+Runner = Callable[..., SearchResult]  # (space, objective, budget, seed, stop) -> SearchResult
 
 METHODS: dict[str, Runner] = {
-    "ours (default)": lambda s, f, b, seed: search(s, f, budget=b, seed=seed),
-    "ours, plain pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="plain"),
-    "ours, greedy pick": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="greedy"),
-    "ours, greedy pick, fixed pool": lambda s, f, b, seed: search(s, f, budget=b, seed=seed, pick="greedy",
-                                                                 shrink_pool=False),
-    "original (softmax T=0.2)": lambda s, f, b, seed: search(
+    "ours (default)": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, stop=stop),
+    "ours, plain pick": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, pick="plain", stop=stop),
+    "ours, greedy pick": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, pick="greedy", stop=stop),
+    "ours, greedy pick, fixed pool": lambda s, f, b, seed, stop: search(
+        s, f, budget=b, seed=seed, pick="greedy", shrink_pool=False, stop=stop),
+    "original (softmax T=0.2)": lambda s, f, b, seed, stop: search(
         s, f, budget=b, seed=seed, m=16, pick="greedy", utility="softmax", temperature=0.2, smoothing=0.1,
-        step=0.5, pool_factor=8, shrink_pool=False, restart_after=None),
-    "random search": lambda s, f, b, seed: random_search(s, f, budget=b, seed=seed),
-    "EDA (50, best 1/4, 0.1)": lambda s, f, b, seed: search(
+        step=0.5, pool_factor=8, shrink_pool=False, restart_after=None, stop=stop),
+    "random search": lambda s, f, b, seed, stop: random_search(s, f, budget=b, seed=seed, stop=stop),
+    "EDA (50, best 1/4, 0.1)": lambda s, f, b, seed, stop: search(
         s, f, budget=b, seed=seed, m=50, pick="plain", utility="elite", step=0.1, smoothing=0.0,
-        restart_after=None),
+        restart_after=None, stop=stop),
+    "regularized evolution": lambda s, f, b, seed, stop: regularized_evolution(s, f, budget=b, seed=seed, stop=stop),
+    "local search": lambda s, f, b, seed, stop: local_search(s, f, budget=b, seed=seed, stop=stop),
+    "TPE (optuna)": lambda s, f, b, seed, stop: tpe(s, f, budget=b, seed=seed, stop=stop),
+}
+# Variants of method B tried for issue 40 (docs/RESULTS.md); not the default unless DEFAULTS says so.
+VARIANTS: dict[str, Runner] = {
+    "B, elite 4": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, elite=4, stop=stop),
+    "B, local 0.25": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, local=0.25, stop=stop),
+    "B, local 0.5": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, local=0.5, stop=stop),
+    "B, elite 4, local 0.25": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, elite=4, local=0.25,
+                                                                 stop=stop),
+    "B, m 4": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, m=4, stop=stop),
+    "B, restart after 5": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, restart_after=5, stop=stop),
 }
 SCALES = {"synthetic x1": (1.0, 0.0), "synthetic x0.01": (0.01, 0.0), "synthetic x100": (100.0, 0.0),
           "synthetic +1000": (1.0, 1000.0)}
@@ -66,6 +86,9 @@ class Row:
     success: float
     median_vs_random: float
     seconds: float
+    runs: int = 0
+    ci_low: float = float("nan")  # distribution-free 95% confidence interval of the median
+    ci_high: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -107,28 +130,41 @@ def tabular_problems(name: str, repeats: int, raw_keys: bool = False) -> list[Pr
     return [Problem(bench.space, objective, target)] * repeats
 
 
+def median_ci(values: list[int] | list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: order statistics (j, k) of the sorted values
+    with P(j <= B < k) >= level for B ~ Binomial(n, 1/2) (the interval widens to the extremes for small n)."""
+    x = sorted(values)
+    n = len(x)
+    if n == 0:
+        return float("nan"), float("nan")
+    cdf = np.cumsum([math.comb(n, i) / 2**n for i in range(n + 1)])
+    j = max(int(np.searchsorted(cdf, (1 - level) / 2, side="right")) - 1, 0)  # P(B < j + 1) <= alpha / 2
+    return float(x[j]), float(x[n - 1 - j])
+
+
 def run_benchmark(name: str, problems: list[Problem], budget: int, methods: dict[str, Runner],
                   seed: int) -> tuple[list[Row], dict[str, list[int | None]]]:
     hits: dict[str, list[int | None]] = {}
     seconds: dict[str, float] = {}
     for method, runner in methods.items():
         t0 = time.perf_counter()
-        hits[method] = [runner(p.space, p.objective, budget, seed * 1000 + rep).evaluations_until(p.target)
-                        for rep, p in enumerate(problems)]
+        # stopping at the target changes no count: the history up to it is the same
+        hits[method] = [runner(p.space, p.objective, budget, seed * 1000 + rep, lambda e, p=p: p.target(e.arch))
+                        .evaluations_until(p.target) for rep, p in enumerate(problems)]
         seconds[method] = time.perf_counter() - t0
     counts = {m: [budget if h is None else h for h in hs] for m, hs in hits.items()}
     random_median = statistics.median(counts["random search"]) if "random search" in counts else float("nan")
     rows = [Row(name, m, float(statistics.median(c)), float(statistics.mean(c)),
                 sum(h is not None for h in hits[m]) / len(c), float(statistics.median(c)) / random_median,
-                seconds[m]) for m, c in counts.items()]
+                seconds[m], len(c), *median_ci(c)) for m, c in counts.items()]
     return rows, hits
 
 
 def table(rows: list[Row]) -> str:
-    head = ("| benchmark | method | median evals | mean | found | median / random |\n"
-            "| --- | --- | ---: | ---: | ---: | ---: |")
-    lines = [f"| {r.benchmark} | {r.method} | {r.median:.0f} | {r.mean:.0f} | {r.success:.0%} | "
-             f"{r.median_vs_random:.2f} |" for r in rows]
+    head = ("| benchmark | method | runs | median evals | 95% CI | mean | found | median / random | seconds |\n"
+            "| --- | --- | ---: | ---: | :---: | ---: | ---: | ---: | ---: |")
+    lines = [f"| {r.benchmark} | {r.method} | {r.runs} | {r.median:.0f} | {r.ci_low:.0f}-{r.ci_high:.0f} | "
+             f"{r.mean:.0f} | {r.success:.0%} | {r.median_vs_random:.2f} | {r.seconds:.1f} |" for r in rows]
     return "\n".join([head, *lines])
 
 
@@ -158,7 +194,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=int, default=5000, help="distinct evaluations per run")
     p.add_argument("--benchmarks", nargs="*", default=None,
                    help="subset of names (default: every synthetic scale and every tabular benchmark)")
-    p.add_argument("--methods", nargs="*", default=None, help=f"subset of {list(METHODS)}")
+    p.add_argument("--methods", nargs="*", default=None,
+                   help=f"subset of {list(METHODS)} and the variants {list(VARIANTS)} (default: every method)")
+    p.add_argument("--tpe-trials", type=int, default=TPE_TRIALS,
+                   help="TPE's trials per run (its cost grows with them; a miss counts as --budget)")
     p.add_argument("--tabular", nargs="*", default=["nbg-cora", "nbg-photo", "nbg-arxiv"],
                    help="NAS-Bench-Graph datasets, every encoding scored as its network (bench/tabular_nas.py)")
     p.add_argument("--tabular-raw", nargs="*", default=["nbg-cora"],
@@ -175,7 +214,12 @@ def main(argv: list[str] | None = None) -> None:
             ratio = "" if r["median_vs_reference"] is None else f"{r['median_vs_reference']:.2f}"
             print(f"| {r['benchmark']} | {r['method']} | {r['runs']} | {r['median']:.0f} | {r['mean']:.0f} | {ratio} |")
         return
-    methods = {k: v for k, v in METHODS.items() if args.methods is None or k in args.methods}
+    unknown = sorted(set(args.methods or ()) - set(METHODS) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown methods {unknown}; known: {list(METHODS) + list(VARIANTS)}")
+    every = METHODS | VARIANTS | {"TPE (optuna)": lambda s, f, b, seed, stop: tpe(
+        s, f, budget=b, seed=seed, stop=stop, trials=args.tpe_trials)}
+    methods = {k: v for k, v in every.items() if (k in args.methods if args.methods else k in METHODS)}
     problems: dict[str, Callable[[], list[Problem]]] = {
         name: (lambda s=s, o=o: synthetic_problems(s, o, args.repeats, args.seed)) for name, (s, o) in SCALES.items()}
     try:

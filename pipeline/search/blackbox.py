@@ -16,83 +16,22 @@ Example on a space of your own::
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from typing import Any
 
 import numpy as np
-import torch
 
-from pipeline.search.picks import PICKS, pick_archs
-from pipeline.search.probmodel import ProbModel, mle_update
+from pipeline.search.asktell import DEFAULTS, STALL_ITERATIONS, Searcher, generator
+from pipeline.search.probmodel import ProbModel
+from pipeline.search.results import Evaluation, SearchResult, clean_value
 from pipeline.search.space import Arch, SearchSpace
 
-# Frozen defaults, chosen on the synthetic family and then fixed (README: "Method B on its own"); the
-# pick, once plain draws, is the Latin-hypercube entropy pick since it measured no worse on any benchmark.
-DEFAULTS = {"m": 8, "step": 0.5, "smoothing": 0.02, "pick": "entropy", "pool_factor": 4, "restart_after": 10}
-# A search whose m picks were all seen before, this many iterations in a row, has converged.
-STALL_ITERATIONS = 50
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One call of ``evaluate``: its position (1-based), the iteration, the arch, and the value
-    (None when the point is invalid: ``evaluate`` returned None, NaN or -inf)."""
-
-    index: int
-    iteration: int
-    arch: Arch
-    value: float | None
-    best_value: float | None  # best valid value so far, this one included
-
-
-@dataclass
-class SearchResult:
-    """Everything a search did: ``history`` holds every evaluation in order; ``iterations`` one
-    record per model update (entropy, most likely arch); ``stopped`` says why it ended."""
-
-    space: SearchSpace
-    history: list[Evaluation] = field(default_factory=list)
-    iterations: list[dict[str, Any]] = field(default_factory=list)
-    model: ProbModel | None = None
-    stopped: str = "budget"  # budget | stop | exhausted | converged | interrupted | error
-    error: BaseException | None = None
-
-    @property
-    def evaluations(self) -> int:
-        return len(self.history)
-
-    @property
-    def best(self) -> Evaluation | None:
-        valid = [e for e in self.history if e.value is not None]
-        return max(valid, key=lambda e: e.value, default=None)  # first of equals wins
-
-    @property
-    def best_arch(self) -> Arch | None:
-        return None if self.best is None else self.best.arch
-
-    @property
-    def best_value(self) -> float | None:
-        return None if self.best is None else self.best.value
-
-    def evaluations_until(self, accept: Callable[[Arch], bool]) -> int | None:
-        """How many evaluations it took to first evaluate an accepted arch (None: never)."""
-        return next((e.index for e in self.history if accept(e.arch)), None)
-
-
-def _clean(value: Any, arch: Arch) -> float | None:
-    if value is None:
-        return None
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"evaluate({arch.key()}) returned {value!r}; expected a number or None") from None
-    return None if math.isnan(x) or x == -math.inf else x
+__all__ = ["DEFAULTS", "STALL_ITERATIONS", "Evaluation", "SearchResult", "random_search", "search"]
 
 
 class _Recorder:
-    """Runs ``evaluate`` once per distinct arch, records it, and says when to stop."""
+    """Runs ``evaluate`` once per distinct arch, records it, and says when to stop (random search)."""
 
     def __init__(self, result: SearchResult, evaluate: Callable[[Arch], Any], budget: int,
                  callback: Callable[[Evaluation], Any] | None, stop: Callable[[Evaluation], bool] | None):
@@ -106,7 +45,7 @@ class _Recorder:
         """Evaluate ``arch`` if new; True if it was new. Sets ``done`` and ``result.stopped``."""
         if arch in self.values or self.done:
             return False
-        value = _clean(self.evaluate(arch), arch)
+        value = clean_value(self.evaluate(arch), arch)
         self.values[arch] = value
         if value is not None and (self.best is None or value > self.best):
             self.best = value
@@ -119,10 +58,6 @@ class _Recorder:
         elif len(self.values) >= self.budget:
             self.done, self.result.stopped = True, "budget"
         return True
-
-
-def _generator(seed: int | np.random.Generator) -> np.random.Generator:
-    return seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
 
 
 def _check(space: SearchSpace, budget: int) -> None:
@@ -143,13 +78,30 @@ def _guarded(result: SearchResult, body: Callable[[], None]) -> SearchResult:
     return result
 
 
+def _values(points: Sequence[Arch], evaluate: Callable[[Arch], Any], executor: Executor | None):
+    """``evaluate`` of each point, yielded in the points' order: one at a time, or all submitted to
+    ``executor`` at once. Closing the generator early cancels whatever has not started."""
+    if executor is None:
+        for a in points:
+            yield evaluate(a)
+        return
+    futures: list[Future] = [executor.submit(evaluate, a) for a in points]
+    try:
+        for f in futures:
+            yield f.result()
+    finally:
+        for f in futures:
+            f.cancel()
+
+
 def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budget: int,
            seed: int | np.random.Generator = 0, m: int = DEFAULTS["m"], step: float = DEFAULTS["step"],
            smoothing: float = DEFAULTS["smoothing"], pick: str = DEFAULTS["pick"],
            pool_factor: int = DEFAULTS["pool_factor"], utility: str = "rank", temperature: float = 1.0,
            shrink_pool: bool = True, restart_after: int | None = DEFAULTS["restart_after"],
            prior: ProbModel | None = None, callback: Callable[[Evaluation], Any] | None = None,
-           stop: Callable[[Evaluation], bool] | None = None) -> SearchResult:
+           stop: Callable[[Evaluation], bool] | None = None, executor: Executor | None = None,
+           elite: int = DEFAULTS["elite"], local: float = DEFAULTS["local"]) -> SearchResult:
     """Method B on a black-box objective: at most ``budget`` distinct evaluations.
 
     Each iteration picks m distinct archs from P (``pick``: ``"entropy"``, the entropy-maximising
@@ -163,58 +115,49 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     restarts; the search then ends as ``converged`` after 50 iterations without a new architecture).
     ``callback(evaluation)`` runs after every evaluation; ``stop(evaluation)`` ends the search when
     it returns True. ``result.error`` holds an exception raised by ``evaluate`` (the search ends,
-    the history is kept); check ``result.stopped``.
+    the history is kept); check ``result.stopped``. Issue 40's variants, off by default: ``elite`` (the
+    restart's best archs join each fit) and ``local`` (that fraction of the m picks are one-change
+    neighbours of the restart's best arch).
+
+    ``executor`` (any :class:`concurrent.futures.Executor`: a thread or process pool, Dask's
+    ``client.get_executor()``) evaluates an iteration's new points together; the results are taken
+    in the points' order, so history, model and ``stopped`` are those of the serial run with the
+    same seed. Points evaluated past a stop, a failure or Ctrl-C are dropped, and points not yet
+    started are cancelled. The loop is :class:`pipeline.search.asktell.Searcher` (ask/tell).
     """
     _check(space, budget)
-    if pick not in PICKS:
-        raise ValueError(f"pick must be one of {PICKS}, got {pick!r}")
-    if m < 1 or pool_factor < 1:
-        raise ValueError(f"need m >= 1 and pool_factor >= 1, got m={m}, pool_factor={pool_factor}")
-    model = ProbModel.uniform(space) if prior is None else prior
-    if model.space != space:
-        raise ValueError("prior is over a different search space")
-    if restart_after is not None and (isinstance(restart_after, bool) or not isinstance(restart_after, int)
-                                      or restart_after < 1):
-        raise ValueError(f"restart_after must be None or an int >= 1, got {restart_after!r}")
-    start = model
-    rng = _generator(seed)
-    result = SearchResult(space, model=model)
-    rec = _Recorder(result, evaluate, budget, callback, stop)
+    searcher = Searcher(space, seed=seed, m=m, step=step, smoothing=smoothing, pick=pick, pool_factor=pool_factor,
+                        utility=utility, temperature=temperature, shrink_pool=shrink_pool,
+                        restart_after=restart_after, prior=prior, elite=elite, local=local)
+    result = SearchResult(space, model=searcher.model)
 
     def loop() -> None:
-        stalled, flat, iteration = 0, 0, 0
-        run_best: float | None = None  # best value seen by this restart's picks
-        while not rec.done:
-            if len(rec.values) >= space.size():
-                result.stopped = "exhausted"
+        while searcher.evaluations < budget:
+            points = searcher.ask()
+            if not points:
+                result.stopped = searcher.stopped or "budget"
                 return
-            iteration += 1
-            picked = pick_archs(result.model, m, rng, pick, pool_factor, shrink=shrink_pool)
-            new = sum(rec.score(a, iteration) for a in picked)
-            scored = [a for a in picked if a in rec.values]
-            stalled = 0 if new else stalled + 1
-            top = max((v for a in scored if (v := rec.values[a]) is not None), default=None)
-            if top is not None and (run_best is None or top > run_best):
-                run_best, flat = top, 0
-            else:
-                flat += 1
-            if restart_after is not None and (flat >= restart_after or stalled >= restart_after):
-                # P has converged on what it has seen: start again from the prior, keep every value
-                result.model, stalled, flat, run_best = start, 0, 0, None
-                result.iterations.append({"iteration": iteration, "evaluations": len(rec.values),
-                                          "entropy": start.entropy(), "restart": True})
-                continue
-            if stalled >= STALL_ITERATIONS:
-                result.stopped = "converged"
-                return
-            values = [rec.values[a] for a in scored]
-            perf = torch.tensor([-math.inf if v is None else v for v in values], dtype=torch.float64)
-            result.model = mle_update(result.model, scored, perf, temperature, smoothing, step, utility)
-            result.iterations.append({"iteration": iteration, "evaluations": len(rec.values),
-                                      "entropy": result.model.entropy(),
-                                      "most_likely": result.model.most_likely().key()})
+            take = points[:budget - searcher.evaluations]
+            for a in points[len(take):]:
+                searcher.cancel(a)
+            values = _values(take, evaluate, executor)
+            try:
+                for a, value in zip(take, values, strict=True):
+                    record = searcher.tell(a, value)
+                    if callback is not None:
+                        callback(record)
+                    if stop is not None and stop(record):
+                        for rest in searcher.pending:
+                            searcher.cancel(rest)
+                        result.stopped = "stop"
+                        return
+            finally:
+                values.close()
+        result.stopped = "budget"
 
-    return _guarded(result, loop)
+    _guarded(result, loop)
+    result.history, result.iterations, result.model = searcher.history, searcher.iterations, searcher.model
+    return result
 
 
 def _unrank(space: SearchSpace, rank: int) -> Arch:
@@ -255,7 +198,7 @@ def random_search(space: SearchSpace, evaluate: Callable[[Arch], float | None], 
     rec = _Recorder(result, evaluate, budget, callback, stop)
 
     def loop() -> None:
-        for arch in random_order(space, _generator(seed)):
+        for arch in random_order(space, generator(seed)):
             if rec.done:
                 return
             rec.score(arch, 0)
