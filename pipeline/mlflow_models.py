@@ -131,6 +131,40 @@ def get_version_by_alias(name: str, alias: str, *,
             "tags": dict(mv.tags or {}), "aliases": list(mv.aliases or [])}
 
 
+def model_versions(name: str, *, root: str | os.PathLike[str] = ".") -> list[dict[str, Any]]:
+    """Every version of registered model ``name`` (``version``, ``tags``, ``aliases`` sorted), oldest
+    first; empty when the model does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    if "'" in name:
+        raise ValueError(f"registered model name {name!r} holds a quote")
+    client, found, token = _client(root), [], None
+    try:
+        pointing = dict(client.get_registered_model(name).aliases or {})  # alias -> version (searches omit them)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND"):
+            return []
+        raise
+    while True:
+        page = client.search_model_versions(f"name = '{name}'", page_token=token)
+        found.extend({"version": str(mv.version), "tags": dict(mv.tags or {}),
+                      "aliases": sorted(a for a, v in pointing.items() if str(v) == str(mv.version))}
+                     for mv in page)
+        token = page.token
+        if not token:
+            return sorted(found, key=lambda v: int(v["version"]))
+
+
+def set_version_tag(name: str, version: str | int, key: str, value: str, *,
+                    root: str | os.PathLike[str] = ".") -> None:
+    _client(root).set_model_version_tag(name, str(version), key, value)
+
+
+def delete_version(name: str, version: str | int, *, root: str | os.PathLike[str] = ".") -> None:
+    """Delete a version (the store drops the aliases that point at it)."""
+    _client(root).delete_model_version(name, str(version))
+
+
 def download_model_artifacts(uri: str, dst: str | os.PathLike[str] | None = None, *,
                              root: str | os.PathLike[str] = ".") -> Path:
     """Download a registered model (``models:/...``) into ``dst`` (default: a fresh temporary

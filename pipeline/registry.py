@@ -35,6 +35,7 @@ from pipeline.payload import (  # re-exported: clients and bench import them fro
     png_b64,
     predict_frame,
 )
+from pipeline.registry_heal import CHALLENGER, CHAMPION, heal, mark_complete, pending_tags
 from pipeline.settings import settings
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ __all__ = ["CHALLENGER", "CHAMPION", "CLASSES_TAG", "INPUT_COLUMNS", "OUTPUT_COL
            "parse_model_uri", "png_b64", "predict_frame", "promote", "register_cascade",
            "save_cascade_pyfunc"]
 
-CHAMPION, CHALLENGER = "champion", "challenger"
 GATE_METRICS = ("accuracy", "mean_macs")
 CURVE_TAG = "curve.test"  # the candidate's operating points, JSON [[mean_macs, accuracy], ...]
 CLASSES_TAG = "data.classes"  # the class names the version answers with, JSON; the gate compares only equals
@@ -266,7 +266,8 @@ def log_version(model_dir: str | os.PathLike[str], example: pd.DataFrame) -> str
 def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float], tags: Mapping[str, str],
             *, curve: Sequence[tuple[float, float]] = (), root: str | os.PathLike[str] = ".",
             record: Callable[[Decision], None] | None = None,
-            classes: Sequence[str] | None = None, veto: str | None = None) -> Decision:
+            classes: Sequence[str] | None = None, veto: str | None = None,
+            log: Callable[[str], None] = print) -> Decision:
     """Gate the model at ``model_uri`` against the current champion, register it and move the aliases,
     as one critical section.
 
@@ -276,12 +277,14 @@ def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float],
     later gates read, and the decision), points ``challenger`` at it, moves ``champion`` to it if it
     passed, and calls ``record(decision)`` (the stage writes ``register.json`` there). So concurrent
     runs on one store each gate against the champion the previous one left, exactly one version is
-    champion, every recorded decision agrees with the registry when it is recorded, and a run killed
-    at any moment leaves either no version or a tagged one (the gate's decision in its tags; a rerun
-    registers and gates anew). ``veto``: a reason the version may not be champion whatever the gate says
-    (evaluate found it dominated by another model of its run): it is registered as challenger, the
-    reason first among its gate reasons."""
+    champion, and every recorded decision agrees with the registry when it is recorded. A version is
+    created tagged incomplete and tagged complete once its aliases are set; first of all, versions a
+    killed run left incomplete are finished or removed (:func:`pipeline.registry_heal.heal`, one
+    ``log`` line each), so a rerun after a kill at any moment leaves every version complete. ``veto``:
+    a reason the version may not be champion whatever the gate says (evaluate found it dominated by
+    another model of its run): it is registered as challenger, the reason first among its gate reasons."""
     with tracking.registry_lock(root):
+        heal(cfg.model_name, root=root, log=log)
         previous = mlflow_models.get_version_by_alias(cfg.model_name, CHAMPION, root=root)
         previous_metrics = None if previous is None else metrics_from_tags(previous["tags"])
         mismatch = None if previous is None else class_set_mismatch(previous["tags"], classes, previous["version"])
@@ -296,12 +299,14 @@ def promote(cfg: RegisterConfig, model_uri: str, candidate: Mapping[str, float],
             decision_tags[CLASSES_TAG] = json.dumps(list(classes))
         if curve:
             decision_tags[CURVE_TAG] = json.dumps([[m, a] for m, a in curve])
+        before = None if previous is None else int(previous["version"])
         version = mlflow_models.register_version(cfg.model_name, model_uri,
-                                            {**tags, **metric_tags(candidate), **decision_tags})
+                                                 {**tags, **metric_tags(candidate), **decision_tags,
+                                                  **pending_tags(before)})
         mlflow_models.set_alias(cfg.model_name, CHALLENGER, version, root=root)
         if passed:
             mlflow_models.set_alias(cfg.model_name, CHAMPION, version, root=root)
-        before = None if previous is None else int(previous["version"])
+        mark_complete(cfg.model_name, version, root=root)
         decision = Decision(cfg.model_name, int(version), passed, reasons, dict(candidate), before,
                             previous_metrics, int(version) if passed else before)
         if record is not None:

@@ -9,11 +9,14 @@ outside the stage's DVC output (which ``dvc repro`` deletes before running the s
 everything the stage's result depends on (module index, resolved train config, module spec, seed,
 the input files, the training code). A killed run re-run with the same inputs resumes after the last
 complete epoch and ends bitwise-identical to an uninterrupted run; the folder is deleted when the
-stage succeeds. Stale ``models/modules/mK/.train.*`` temporary folders of killed runs are removed at start."""
+stage succeeds. One run per module at a time: ``.cache/train/mK.lock`` names its holder (a second run
+is refused, exit 5; a lock whose process is gone is taken over, saying so). Stale
+``models/modules/mK/.train.*`` temporary folders of killed runs are removed at start."""
 
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -28,9 +31,16 @@ from pipeline.tracking import stage_run
 from pipeline.train import distributed
 from pipeline.train.config import module_train_config
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats
+from pipeline.train.lock import CheckpointLocked, checkpoint_lock, lock_path
 from pipeline.train.loop import train_module
 from pipeline.train.outputs import done_line, epoch_line, iteration_log, train_metrics, write_train_outputs
-from pipeline.train.resume import checkpoint_key, discard_checkpoints, key_inputs, prepare_checkpoints
+from pipeline.train.resume import (
+    checkpoint_cache,
+    checkpoint_key,
+    discard_checkpoints,
+    key_inputs,
+    prepare_checkpoints,
+)
 from stages.common import StageFailed, cli, module_number, params_of, parser
 
 CODE = tuple(closure("stages.train"))  # every project file this stage runs (its dvc.yaml code deps)
@@ -78,42 +88,51 @@ def main(argv: list[str] | None = None) -> None:
     inputs = key_inputs(args.data, args.graded, args.profile, args.models, k,
                         args.teacher if soft is not None else None)
     key = checkpoint_key(k, cfg, info.to_json()["spec"], seed, inputs, (ROOT / c for c in CODE))
-    cache = prepare_checkpoints(args.root, args.models / name, name, key, clean=world.main)  # rank 0 cleans
-    distributed.barrier()  # rank 0 has cleaned up before any rank reads a checkpoint
-    module.to(device)
-    prefix_to(prefix, device)
-    train_args = dict(cost_of=lambda a: costs.macs(k, a), cost_max=costs.max_macs(k), exit_saving=costs.exit_saving(k),
-                      checkpoint_dir=cache, precision=compute.precision, soft_targets=soft)
-    if not world.main:  # the other ranks train in lockstep with rank 0, which alone writes and logs
-        train_module(module, prefix, subset.images, subset.labels, cfg, progress=False, **train_args)
-        distributed.finish()
-        return
-    with stage_run(f"train@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"train": cfg.__dict__, "spec": info.to_json()["spec"], "module": k,
-                           "train_images": len(subset), "checkpoint_key": key}) as run, \
-            atomic_path(args.models / name / "train", is_dir=True) as tmp:
-        ran: list[int] = []  # epochs trained by this process (fewer after a resume)
+    with ExitStack() as held:
+        if world.main:  # rank 0 holds the module's checkpoint lock until the stage ends; a stale one is taken over
+            try:
+                held.enter_context(checkpoint_lock(lock_path(checkpoint_cache(args.root, name, key), name),
+                                                   log=lambda line: print(f"train@{name}: {line}", flush=True)))
+            except CheckpointLocked as exc:
+                raise StageFailed(f"train@{name}: {exc}") from None
+        cache = prepare_checkpoints(args.root, args.models / name, name, key, clean=world.main)  # rank 0 cleans
+        distributed.barrier()  # rank 0 has cleaned up before any rank reads a checkpoint
+        module.to(device)
+        prefix_to(prefix, device)
+        train_args = dict(cost_of=lambda a: costs.macs(k, a), cost_max=costs.max_macs(k),
+                          exit_saving=costs.exit_saving(k), checkpoint_dir=cache, precision=compute.precision,
+                          soft_targets=soft)
+        if not world.main:  # the other ranks train in lockstep with rank 0, which alone writes and logs
+            train_module(module, prefix, subset.images, subset.labels, cfg, progress=False, **train_args)
+            distributed.finish()
+            return
+        with stage_run(f"train@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
+                       params={"train": cfg.__dict__, "spec": info.to_json()["spec"], "module": k,
+                               "train_images": len(subset), "checkpoint_key": key}) as run, \
+                atomic_path(args.models / name / "train", is_dir=True) as tmp:
+            ran: list[int] = []  # epochs trained by this process (fewer after a resume)
 
-        def on_epoch(epoch: int, record: dict, mod: torch.nn.Module, prob_model) -> None:
-            ran.append(epoch)
-            run.log_metrics({key: v for key, v in record.items() if isinstance(v, (int, float))}, step=epoch)
-            print(epoch_line(name, cfg.epochs, epoch, record), flush=True)
+            def on_epoch(epoch: int, record: dict, mod: torch.nn.Module, prob_model) -> None:
+                ran.append(epoch)
+                run.log_metrics({key: v for key, v in record.items() if isinstance(v, (int, float))}, step=epoch)
+                print(epoch_line(name, cfg.epochs, epoch, record), flush=True)
 
-        started = time.perf_counter()
-        result = train_module(module, prefix, subset.images, subset.labels, cfg, on_epoch=on_epoch, **train_args)
-        seconds = time.perf_counter() - started
-        distributed.finish()
-        module.cpu()  # outputs and the calib evaluation as on a CPU-only machine
-        prefix_to(prefix, torch.device("cpu"))
-        write_train_outputs(tmp, module, info, result)
-        for step, values in iteration_log(result.iterations):
-            run.log_metrics(values, step=step)
-        metrics = train_metrics(module, prefix, calib, info, cfg, result, costs, len(subset), seconds,
-                                len(ran), world.size, device)
-        write_json(args.metrics, metrics)
-        run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
-    discard_checkpoints(cache)  # the stage succeeded: its output is committed
-    print(done_line(name, metrics))
+            started = time.perf_counter()
+            result = train_module(module, prefix, subset.images, subset.labels, cfg, on_epoch=on_epoch,
+                                  **train_args)
+            seconds = time.perf_counter() - started
+            distributed.finish()
+            module.cpu()  # outputs and the calib evaluation as on a CPU-only machine
+            prefix_to(prefix, torch.device("cpu"))
+            write_train_outputs(tmp, module, info, result)
+            for step, values in iteration_log(result.iterations):
+                run.log_metrics(values, step=step)
+            metrics = train_metrics(module, prefix, calib, info, cfg, result, costs, len(subset), seconds,
+                                    len(ran), world.size, device)
+            write_json(args.metrics, metrics)
+            run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
+        discard_checkpoints(cache)  # the stage succeeded: its output is committed
+        print(done_line(name, metrics))
 
 
 if __name__ == "__main__":
