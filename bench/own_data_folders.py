@@ -88,9 +88,10 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: 
         raise ValueError(f"unknown shape {shape!r}")
 
 
-def scene(shape: str, size: int, rng: np.random.Generator) -> np.ndarray:
+def scene(shape: str, size: int, rng: np.random.Generator, radius: tuple[float, float] = (6, 11),
+          clutter_count: tuple[int, int] = (4, 9)) -> np.ndarray:
     """One (size, size, 3) scene: a textured backdrop, clutter (strokes and dots in random colours) and
-    one small ``shape`` (radius 6-11 px at 64 px) anywhere off the border, a few strokes drawn over it.
+    one small ``shape`` (``radius`` 6-11 px at 64 px by default) anywhere off the border, a few strokes drawn over it.
     (Radius 4-8 under more clutter left every model of the quick profile at chance: 17-27% for 6
     classes.)"""
     base = _colour(rng, (0.2, 0.7))
@@ -109,8 +110,8 @@ def scene(shape: str, size: int, rng: np.random.Generator) -> np.ndarray:
                 d = rng.uniform(1, 3) * scale
                 draw.ellipse((x - d, y - d, x + d, y + d), fill=c)
 
-    clutter(int(rng.integers(4, 10)))
-    r = rng.uniform(6, 11) * scale
+    clutter(int(rng.integers(clutter_count[0], clutter_count[1] + 1)))
+    r = rng.uniform(*radius) * scale
     cx, cy = rng.uniform(r + 2, size - r - 2, 2)
     _draw_shape(draw, shape, cx, cy, r, tuple(int(v) for v in _colour(rng, (0.5, 1.0))))
     clutter(int(rng.integers(0, 3)))

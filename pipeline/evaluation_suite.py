@@ -38,9 +38,11 @@ from pipeline.models.profile import CostModel
 from pipeline.plots import anytime_plot, budget_plot, confusion_plot
 from pipeline.routing.engine import Stage, run_cascade
 from pipeline.routing.package import LoadedCascade
+from pipeline.routing_verdict import held_out_predictability, routing_verdicts, served_choices
 
 STATIC_ROWS = ("largest_candidate_static", "smallest_candidate_static", "space_largest_static",
                "space_smallest_static", "default_static")
+Labelled = tuple[torch.Tensor, np.ndarray]  # preprocessed images on the cascade's device, labels
 
 
 def static_stages(stages: list[Stage], costs: CostModel, which: str) -> list[Stage]:
@@ -85,12 +87,16 @@ def evaluation_suite(main: LoadedCascade, testset: LoadedCascade, fixed_model: L
                      fixed_at_macs: LoadedCascade, plain: Baselines, *, test: Split, calib: Split,
                      x: torch.Tensor, xc: torch.Tensor, levels: np.ndarray | None, costs: CostModel,
                      models: Path, grid: int, batch1_images: int,
-                     epoch_budget: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[dict]]]:
+                     epoch_budget: dict[str, Any],
+                     predictability_splits: tuple[Labelled, Labelled] | None = None,
+                     ) -> tuple[dict[str, Any], dict[str, list[dict]]]:
     """Every figure of ``metrics/evaluate.json`` (in its order) and the four budget curves by plot label.
     ``main``: the calibrated cascade; ``testset``: its static-selection twin; ``fixed_model`` /
     ``fixed_at_macs``: the fixed-path cascade calibrated on its own / at the cascade's calib MACs.
     ``x``/``xc``: the test/calib images preprocessed for the cascades (on their device); ``test``/
-    ``calib``: the raw splits (labels; uint8 images for the plain CNNs). Run it with grad disabled."""
+    ``calib``: the raw splits (labels; uint8 images for the plain CNNs). ``predictability_splits``:
+    (`route`, `calib`) as (preprocessed images, labels), on which the routing verdict measures how
+    predictable the right candidate is (None: not measured). Run it with grad disabled."""
     meta = main.meta
     kind, n_classes = meta.confidence_kind, len(meta.classes)
     y, yc = test.labels, calib.labels
@@ -143,8 +149,13 @@ def evaluation_suite(main: LoadedCascade, testset: LoadedCascade, fixed_model: L
     recorded = routing_candidates(models, costs, main.stages)
     scored = candidate_correct(main.stages, x, y, kind, recorded, decay=decay)
     results["candidate_exits"] = candidate_exits(scored)
-    results["routing"] = routing_table(main.stages, to_numpy(routed.choices), recorded,
-                                       results["candidate_exits"], routing_oracle(scored))
+    table = routing_table(main.stages, to_numpy(routed.choices), recorded, results["candidate_exits"],
+                          routing_oracle(scored))
+    pred = ({} if predictability_splits is None else  # fitted on route, read on calib: never on test
+            held_out_predictability(testset.stages, recorded, *predictability_splits, kind, t_decay))
+    results["routing"] = routing_verdicts(
+        table, models, scored, served_choices(main.stages, recorded, x, kind), to_numpy(routed.choices) >= 0,
+        [s.predictor_macs for s in main.stages], pred, cascade, results["static_selection"])
     for name in STATIC_ROWS:
         stages = static_stages(main.stages, costs, name.removesuffix("_static"))
         out = run_cascade(stages, x, confidence_kind=kind, batch_size=256)

@@ -6,7 +6,9 @@ operating point and every budget curve has its thresholds fitted on `calib` and 
 accuracy, average MACs, wall-clock latency at batch 1 and throughput at batch 256, exits per
 difficulty level, per-class accuracy and the confusion matrix; plots the budget and anytime curves.
 Each cascade runs with the exit ensemble its calibration chose (`ensemble_decay` in its manifest);
-`each_exit_alone` gives every exit without it. Static paths have no exits, so no ensemble."""
+`each_exit_alone` gives every exit without it. Static paths have no exits, so no ensemble. Its last
+lines are routing's verdict per supernet (served or not and why, how predictable the right candidate
+is on route/calib, the oracle's headroom, the routed cascade against its static twin)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pipeline.io import load_held_out, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import preprocess
+from pipeline.routing_verdict import verdict_lines
 from pipeline.tracking import stage_run
 from pipeline.train.config import module_train_config
 from stages.common import cli, params_of, parser
@@ -65,6 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     to_device((plain.small, plain.large), device)
     meta = main_model.meta
     x, xc = preprocess(test.images, meta).to(device), preprocess(calib.images, meta).to(device)
+    route_calib = tuple((preprocess(s.images, meta).to(device), s.labels)  # the routing verdict's AUC
+                        for s in (load_split(args.data, "route"), load_split(args.data, "calib")))
     grader = load_grader(args.graded / GRADER_FILE)
     levels = levels_of(grader, test.images, test.labels, args.graded / "scores.csv")
     epoch_budget = {"baselines": BaselineConfig.from_dict(params.get("baselines")).epochs,
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         results, curves = evaluation_suite(
             main_model, testset_model, fixed_model, fixed_at_macs, plain, test=test, calib=calib, x=x, xc=xc,
             levels=levels, costs=costs, models=args.models, grid=grid, batch1_images=args.batch1_images,
-            epoch_budget=epoch_budget)
+            epoch_budget=epoch_budget, predictability_splits=route_calib)
         write_json(args.metrics, results)
         if args.headline is not None:
             write_json(args.headline, headline(results))
@@ -92,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     print(comparison_table(results))
     print(summary_line(results))
     print(f"evaluate: the shipped cascade is {results['shipped']['verdict']}")
+    print("\n".join(verdict_lines(results)))
 
 
 if __name__ == "__main__":

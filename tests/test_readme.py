@@ -29,7 +29,8 @@ def test_readme_names_only_files_in_the_repository() -> None:
 def test_every_saved_result_is_cited_by_a_document() -> None:
     """docs/results/ holds the raw outputs behind docs/RESULTS.md's figures: each entry is named by some
     document or benchmark, so nothing there is an orphan nobody can place."""
-    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").glob("*.py"))]
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "bench").rglob("*.py")),
+               *sorted((ROOT / "bench").rglob("README.md"))]
     text = "\n".join(p.read_text() for p in sources)
     orphans = [p.name for p in sorted((ROOT / "docs" / "results").iterdir()) if p.name not in text]
     assert not orphans, f"docs/results entries no document cites: {orphans}"

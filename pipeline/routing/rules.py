@@ -71,9 +71,21 @@ def predictor_pays(routed_acc: float, routed_macs: float, static_acc: float, sta
     expensive or strictly more accurate. Any larger loss is refused whatever it saves, so a router
     that learned little degrades to the static choice instead of taking the cascade down with it.
     """
+    return pays_reason(routed_acc, routed_macs, static_acc, static_macs, tolerance)[0]
+
+
+def pays_reason(routed_acc: float, routed_macs: float, static_acc: float, static_macs: float,
+                tolerance: float = 0.0) -> tuple[bool, str]:
+    """:func:`predictor_pays`'s decision and the clause of the rule that made it, in words."""
     if routed_acc < static_acc - tolerance:
-        return False
-    return routed_macs <= static_macs or routed_acc > static_acc
+        return False, (f"it loses {100 * (static_acc - routed_acc):.2f} points of accuracy against the static "
+                       f"choice, more than the {100 * tolerance:.2f} allowed (select.fallback_tolerance)")
+    if routed_macs <= static_macs:
+        return True, "it is as accurate as the static choice (within select.fallback_tolerance) at no more MACs"
+    if routed_acc > static_acc:
+        return True, "it is more accurate than the static choice"
+    return False, ("it is no more accurate than the static choice and costs more MACs "
+                   f"({routed_macs:,.0f} against {static_macs:,.0f}, the predictor included)")
 
 
 def static_choice(accuracy: Sequence[float], macs: Sequence[float], delta: float) -> int:

@@ -26,7 +26,7 @@ from pipeline.routing.predictor import (
     train_p_right,
     train_predictor,
 )
-from pipeline.routing.rules import predictor_labels, predictor_pays, static_choice
+from pipeline.routing.rules import pays_reason, predictor_labels, static_choice
 from pipeline.search.space import Arch
 
 PRICES = (0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)  # p_right: candidate cost prices tried on held-out route
@@ -126,8 +126,9 @@ def routed_selection(selection: dict[str, Any], metrics: dict[str, Any], static:
     """Claim 7 on top of :func:`static_selection`'s result: the predictor fitted on `route`
     (``route_h`` (N, C, H, W), the candidates' answers ``r_correct`` / ``r_p_true`` (N, R)), judged on
     the held-out fifth; it serves only where ``rules.predictor_pays`` (else ``mode`` falls back to
-    ``testset``). Returns new selection and metrics and the predictor (saved either way, for ablations).
-    A predictor over ``max_share`` of the cheapest candidate's MACs is a :class:`ConfigError`."""
+    ``testset``), and ``selection["decision"]`` records the figures and the clause that decided.
+    Returns new selection and metrics and the predictor (saved either way, for ablations). A predictor over
+    ``max_share`` of the cheapest candidate's MACs is a :class:`ConfigError`."""
     selection, metrics = dict(selection), dict(metrics)
     fitted = fit_predictor(route_h, r_correct, r_p_true, macs, static, cfg)
     predictor, held_choice, n_fit = fitted.predictor, fitted.held_choice, fitted.n_fit
@@ -143,7 +144,11 @@ def routed_selection(selection: dict[str, Any], metrics: dict[str, Any], static:
         selection["predictor"].update(scoring=cfg.scoring, offsets=predictor.offsets.tolist())
     held_static = r_correct[n_fit:, static].float().mean().item()
     held_macs = float(torch.tensor(macs, dtype=torch.float64)[held_choice].mean()) + p_macs
-    keep = predictor_pays(routed_right, held_macs, held_static, macs[static], cfg.tolerance)
+    keep, reason = pays_reason(routed_right, held_macs, held_static, macs[static], cfg.tolerance)
+    selection["decision"] = {  # the held-out decision, read back by the evaluate stage's verdict
+        "served": keep, "rule": "rules.predictor_pays on the held-out fifth of route", "reason": reason,
+        "held_out_images": len(held_choice), "routed_acc_heldout": routed_right, "routed_mean_macs_heldout": held_macs,
+        "static_acc_heldout": held_static, "static_macs": int(macs[static]), "tolerance": cfg.tolerance}
     if not keep:  # degrade gracefully: the static choice serves, the predictor stays for ablations
         selection["mode"] = "testset"
     metrics.update({"predictor_used": keep, "static_acc_heldout": held_static,

@@ -12,10 +12,11 @@ import pytest
 from tests.team import TeamServer, postgres_bin, running_team_server
 from tests.tools.tiny_repo import ROOT, add_fourth_module, env_for, make_tiny_repo
 
-__all__ = ["ROOT", "MODULES", "add_fourth_module", "changed_stages", "env_for", "make_tiny_repo", "repo_env",
-           "run"]
+__all__ = ["ROOT", "MODULES", "REPRO", "add_fourth_module", "changed_stages", "env_for", "make_tiny_repo",
+           "repo_env", "run"]
 
 TRACKING: dict[Path, str] = {}  # repo -> the tracking URI its stages use instead of its own SQLite file
+REPRO: dict[Path, str] = {}  # repo -> what its session-wide `dvc repro` printed (the stages' own lines included)
 
 
 def repo_env(repo: Path) -> dict[str, str]:
@@ -62,7 +63,7 @@ def tiny_repo(tmp_path_factory, tracking_server: TeamServer | None) -> Path:
     add_fourth_module(repo)
     run(["python", "-m", "pipeline.check_params"], repo)
     run(["git", "commit", "-qam", "a fourth module, in params only"], repo)
-    run(["dvc", "repro"], repo)
+    REPRO[repo] = run(["dvc", "repro"], repo).stdout
     run(["git", "add", "-A"], repo)
     run(["git", "commit", "-qm", "repro"], repo)
     return repo

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tests.e2e.conftest import MODULES, ROOT, changed_stages, run
+from tests.e2e.conftest import MODULES, REPRO, ROOT, changed_stages, run
 from tests.e2e.test_data_stages import dag_edges
 
 pytestmark = pytest.mark.e2e
@@ -61,6 +61,51 @@ def test_outputs_and_metrics(tiny_repo):
         assert (tiny_repo / "plots/evaluate" / name).exists()
 
 
+def test_routing_verdict_in_every_run(tiny_repo):
+    """Per supernet, metrics/evaluate.json's routing row and the evaluate stage's last lines say whether
+    its predictor serves and why (the select stage's held-out decision), how predictable the right
+    candidate is on route/calib, the oracle's headroom, the routed cascade against its static twin,
+    and a sentence of verdict."""
+    from pipeline.routing_verdict import verdict_lines
+
+    evaluate = json.loads((tiny_repo / "metrics/evaluate.json").read_text())
+    ingest = json.loads((tiny_repo / "metrics/ingest.json").read_text())
+    cascade, static = evaluate["cascade"], evaluate["static_selection"]
+    selections = {k: json.loads((tiny_repo / f"models/modules/m{k}/select/selection.json").read_text())
+                  for k in range(1, len(MODULES) + 1)}
+    supernets = [k for k, sel in selections.items() if len(sel["candidates"]) > 1]
+    assert supernets and [row["module"] for row in evaluate["routing"]] == supernets
+    for row in evaluate["routing"]:
+        k, sel = row["module"], selections[row["module"]]
+        assert row["served"] is row["predictor_used"] and row["served"] is (sel["mode"] == "predictor")
+        if sel["predictor"] is not None:  # select trained one: its held-out decision is the why
+            assert sel["decision"]["served"] is row["served"] and sel["decision"]["reason"] in row["why"]
+        pred = row["predictability"]
+        assert pred["auc"] is None and pred["note"] or 0.0 <= pred["auc"] <= 1.0, pred
+        assert 0 <= pred.get("fit_images", 0) <= ingest["route_count"]  # fitted on route, read on calib
+        assert 0 <= pred.get("held_out_images", 0) <= ingest["calib_count"]
+        room = row["headroom"]
+        assert room["oracle_exit_accuracy"] == pytest.approx(row["oracle"]["accuracy"])
+        assert room["oracle_module_macs"] == pytest.approx(row["oracle"]["mean_module_macs"])
+        assert room["served_exit_accuracy"] <= room["oracle_exit_accuracy"]
+        assert room["images_reaching"] == row["images_reaching"] and room["cascade_points_at_most"] >= 0
+        if not row["served"]:  # the static choice serves: its exit accuracy is its candidate row's
+            exit_acc = {c["path"]: c["exit_accuracy"] for c in row["candidates"]}[sel["static"]]
+            assert room["served_exit_accuracy"] == pytest.approx(exit_acc)
+        twin = row["vs_static_twin"]
+        assert twin["accuracy_points"] == pytest.approx(100 * (cascade["accuracy"] - static["accuracy"]))
+        assert twin["macs_ratio"] == pytest.approx(cascade["mean_macs"] / static["mean_macs"])
+        assert row["verdict"].startswith(f"Module {k} routes per image: " if row["served"] else
+                                         f"Module {k} does not route: ")
+    # the evaluate stage's last lines, as `dvc repro` printed them
+    printed = REPRO[tiny_repo].split("Running stage 'evaluate'")[1].split("Running stage")[0]
+    lines = [line.rstrip() for line in printed.splitlines()]
+    verdict = verdict_lines(evaluate)
+    assert len(verdict) == 2 * len(supernets)
+    at = lines.index(verdict[0])
+    assert lines[at - 1].startswith("evaluate: the shipped cascade is ") and lines[at:at + len(verdict)] == verdict
+
+
 def test_calibrate_keeps_the_exit_ensemble_best_on_calib(tiny_repo, tmp_path):
     calibrate = json.loads((tiny_repo / "metrics/calibrate.json").read_text())["selected"]
     params = yaml.safe_load((tiny_repo / "params.yaml").read_text())
@@ -73,7 +118,7 @@ def test_calibrate_keeps_the_exit_ensemble_best_on_calib(tiny_repo, tmp_path):
     assert evaluate["cascade"]["ensemble_decay"] == calibrate["ensemble_decay"]
     assert len(evaluate["each_exit_alone"]) == len(MODULES)
     out = tmp_path / "ens.json"
-    run(["python", "-m", "bench.exit_ensemble", "--out", str(out)], tiny_repo)  # the README's decay table
+    run(["python", "-m", "bench.archive.exit_ensemble", "--out", str(out)], tiny_repo)  # the README's decay table
     rows = json.loads(out.read_text())["rows"]
     chosen = next(r for r in rows if r["decay"] == calibrate["ensemble_decay"])
     assert chosen["thresholds"] == calibrate["thresholds"]

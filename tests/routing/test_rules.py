@@ -3,7 +3,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.routing.rules import exit_mask, predictor_labels, predictor_pays, route_groups, static_choice
+from pipeline.routing.rules import (
+    exit_mask,
+    pays_reason,
+    predictor_labels,
+    predictor_pays,
+    route_groups,
+    static_choice,
+)
 
 
 def test_exit_mask_is_conf_at_least_threshold() -> None:
@@ -73,6 +80,20 @@ def test_predictor_pays_only_when_it_loses_no_accuracy_for_its_savings() -> None
     assert not predictor_pays(0.90, 3e6, 0.90, 2e6)  # as accurate, dearer
     assert not predictor_pays(0.85, 1e6, 0.90, 2e6)  # cheaper but loses 5 points
     assert predictor_pays(0.899, 1e6, 0.90, 2e6, tolerance=0.002)  # a loss inside the tolerance
+
+
+def test_pays_reason_names_the_clause_that_decided_and_agrees_with_predictor_pays() -> None:
+    assert pays_reason(0.90, 1e6, 0.90, 2e6) == (
+        True, "it is as accurate as the static choice (within select.fallback_tolerance) at no more MACs")
+    assert pays_reason(0.91, 3e6, 0.90, 2e6) == (True, "it is more accurate than the static choice")
+    served, why = pays_reason(0.90, 3e6, 0.90, 2e6)
+    assert not served and "costs more MACs (3,000,000 against 2,000,000" in why
+    served, why = pays_reason(0.85, 1e6, 0.90, 2e6, tolerance=0.01)
+    assert not served and "loses 5.00 points" in why and "more than the 1.00 allowed" in why
+    for routed in (0.85, 0.899, 0.90, 0.91):
+        for macs in (1e6, 2e6, 3e6):
+            for tol in (0.0, 0.002):
+                assert pays_reason(routed, macs, 0.90, 2e6, tol)[0] == predictor_pays(routed, macs, 0.90, 2e6, tol)
 
 
 def test_static_choice_is_the_cheapest_candidate_within_delta_of_the_best() -> None:

@@ -86,10 +86,16 @@ def test_routed_selection_serves_a_predictor_that_pays_and_falls_back_otherwise(
     assert routed_metrics["predictor_used"] is True and routed["mode"] == "predictor"
     assert routed["predictor"]["num_candidates"] == 2 and routed["predictor"]["scoring"] == "p_right"
     assert routed_metrics["predictor_mean_macs_heldout"] < 10000
+    decision = routed["decision"]  # the held-out decision, as the evaluate stage's verdict reads it back
+    assert decision["served"] is True and decision["held_out_images"] == 600 - int(0.8 * 600)
+    assert decision["routed_acc_heldout"] == routed_metrics["predictor_routed_acc_heldout"]
+    assert decision["static_acc_heldout"] == routed_metrics["static_acc_heldout"] and decision["static_macs"] == 10000
+    assert decision["reason"].startswith("it is ")
     noise = torch.rand(features.shape, generator=torch.Generator().manual_seed(3))  # features carry nothing
-    _, unpaid, _ = routed_selection(selection, metrics, static, noise, correct, correct.float(), [1000, 10000],
-                                    cfg, 0.5, "m3")
+    unpaid_selection, unpaid, _ = routed_selection(selection, metrics, static, noise, correct, correct.float(),
+                                                   [1000, 10000], cfg, 0.5, "m3")
     assert unpaid["predictor_used"] is False
+    assert unpaid_selection["mode"] == "testset" and unpaid_selection["decision"]["served"] is False
     with pytest.raises(ConfigError, match="select@m3: predictor costs .* lower select.hidden or select.pool"):
         routed_selection(selection, metrics, static, features, correct, correct.float(), [1000, 10000], cfg,
                          1e-6, "m3")

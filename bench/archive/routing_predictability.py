@@ -1,7 +1,7 @@
 """Is "which candidate will be right" predictable, and would more labelled images help? The limit
 behind per-image routing, measured apart from the cascade (issue 28).
 
-    python -m bench.routing_predictability --modules 2      # a workspace whose module 2 is a supernet
+    python -m bench.archive.routing_predictability --modules 2      # a workspace whose module 2 is a supernet
 
 Routing at module k can only gain on the images that reach it (the static twin's calib-fitted exits
 before k pass them) and on which the candidates disagree: one is right, the other wrong. Per
@@ -20,7 +20,9 @@ candidate j this bench asks, on the `test` images that reach module k:
 
 Features per image: module k's input averaged over space (and over a 2x2 grid), exit k-1's class
 probabilities, their maximum and entropy: what the cascade has in hand before module k runs.
-Nothing is chosen here; `test` is only read. Writes bench/out/routing_predictability.json.
+Nothing is chosen here; `test` is only read. Writes bench/out/routing_predictability.json. The features,
+the learner and the AUC live in `pipeline.routing.predictability`, which every evaluate run uses for
+routing's verdict (fitted on `route`, read on `calib`).
 """
 
 from __future__ import annotations
@@ -31,12 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 from sklearn.ensemble import HistGradientBoostingClassifier
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
-from bench.routing_headroom import (
+from bench.archive.routing_headroom import (
     SPLITS,
     evaluate_policy,
     exit_k_correct,
@@ -49,25 +47,10 @@ from bench.routing_headroom import (
 )
 from pipeline.io import read_json, write_json
 from pipeline.routing.fit import exit_outputs
+from pipeline.routing.predictability import disagreement_auc, image_features, logistic, p_right, pooled
 from pipeline.search.space import Arch
 
 SHARES = (0.1, 0.25, 0.5)
-
-
-def image_features(inputs: torch.Tensor, probs: torch.Tensor) -> np.ndarray:
-    """(N, F): the input averaged over space and over a 2x2 grid, exit k-1's probabilities, their
-    maximum and entropy."""
-    mean = inputs.mean(dim=(2, 3))
-    grid = torch.nn.functional.adaptive_avg_pool2d(inputs, 2).flatten(1)
-    p = probs.flatten(1)
-    entropy = -(p * p.clamp_min(1e-12).log()).sum(1, keepdim=True)
-    return torch.cat([mean, grid, p, p.max(1, keepdim=True).values, entropy], 1).numpy().astype(np.float64)
-
-
-def pooled(maps: torch.Tensor) -> np.ndarray:
-    """(N, 5C): a feature map averaged over space and over a 2x2 grid."""
-    grid = torch.nn.functional.adaptive_avg_pool2d(maps, 2).flatten(1)
-    return torch.cat([maps.mean(dim=(2, 3)), grid], 1).numpy().astype(np.float64)
 
 
 def transition_output(stages, k: int, inputs: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
@@ -81,34 +64,11 @@ def transition_output(stages, k: int, inputs: torch.Tensor, batch_size: int = 51
 
 def learners(seed: int) -> dict[str, Any]:
     return {
-        "logistic": lambda: make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=5000)),
+        "logistic": logistic,
         "boosted trees": lambda: HistGradientBoostingClassifier(
             max_iter=150, learning_rate=0.05, max_leaf_nodes=8, l2_regularization=1.0, random_state=seed
         ),
     }
-
-
-def p_right(make, x_fit: np.ndarray, right_fit: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """(N, R) predicted chance that each candidate is right: one binary learner per candidate (a
-    constant where the training labels hold one class)."""
-    cols = []
-    for j in range(right_fit.shape[1]):
-        y = right_fit[:, j]
-        if y.min() == y.max():
-            cols.append(np.full(len(x), float(y[0])))
-            continue
-        cols.append(make().fit(x_fit, y).predict_proba(x)[:, 1])
-    return np.stack(cols, 1)
-
-
-def disagreement_auc(gain: np.ndarray, right: np.ndarray, j: int, twin: int) -> float | None:
-    """AUC of ``gain`` for "j right, twin wrong" against "twin right, j wrong" (None without both)."""
-    win = right[:, j] & ~right[:, twin]
-    lose = right[:, twin] & ~right[:, j]
-    mask = win | lose
-    if win.sum() == 0 or lose.sum() == 0:
-        return None
-    return float(roc_auc_score(win[mask], gain[mask]))
 
 
 def send_top(gain: np.ndarray, right: np.ndarray, j: int, twin: int, share: float) -> float:

@@ -2,8 +2,8 @@
 supernet module, measured end to end: the whole cascade with that module routed, exit thresholds
 (and exit-ensemble decay) fitted on `calib` by params' `calibrate` rule, then read on `test`.
 
-    python -m bench.routing_headroom                 # a workspace after `dvc repro`
-    python -m bench.routing_headroom --pools 1 2 4 --prices 0 0.02 0.05 0.1 0.2 0.4
+    python -m bench.archive.routing_headroom                 # a workspace after `dvc repro`
+    python -m bench.archive.routing_headroom --pools 1 2 4 --prices 0 0.02 0.05 0.1 0.2 0.4
 
 Policies per supernet module k (the other modules on their selected static paths):
 

@@ -1,4 +1,4 @@
-"""bench.routing_headroom: which images the predictor trains on (``--train-on reaching``) and the
+"""bench.archive.routing_headroom: which images the predictor trains on (``--train-on reaching``) and the
 inputs it reads (``--reads``); the runs themselves are a bench."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bench.routing_headroom import reaching
+from bench.archive.routing_headroom import reaching
 
 
 def test_reaching_keeps_the_images_every_earlier_exit_passes() -> None:

@@ -1,9 +1,10 @@
 """Training regularisers on one module, in the real train stage, side by side in one run.
 
     dvc repro train@m2                                   # the pipeline's modules 1 and 2
-    python -m bench.regularisers                         # module 2: control, erase 0.5, smoothing 0.1
-    python -m bench.regularisers --module 2 --variant erase25=erase:0.25 --variant ls05=label_smoothing:0.05
-    python -m bench.regularisers --module 2 --variant kd1=kd:1.0,kd_temperature:2 --out docs/results/distill_m2.json
+    python -m bench.archive.regularisers                         # module 2: control, erase 0.5, smoothing 0.1
+    python -m bench.archive.regularisers --module 2 --variant erase25=erase:0.25 --variant ls05=label_smoothing:0.05
+    python -m bench.archive.regularisers --module 2 --variant kd1=kd:1.0,kd_temperature:2 \
+        --out docs/results/distill_m2.json
 
 Each variant re-runs ``python -m stages.train`` for module K behind the pipeline's frozen modules
 1..K-1 (``--models``, linked, never written), with the params' ``modules.mK.train`` plus the

@@ -1,4 +1,4 @@
-"""bench/routing_predictability.py's pure parts: the disagreement AUC, sending the top share, the
+"""bench/archive/routing_predictability.py's pure parts: the disagreement AUC, sending the top share, the
 per-candidate learners and the features (the bench itself needs a trained workspace)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.routing_predictability import disagreement_auc, image_features, learners, p_right, pooled, send_top
+from bench.archive.routing_predictability import disagreement_auc, image_features, learners, p_right, pooled, send_top
 
 # 6 images, candidates (twin 0, other 1): images 0-1 only the other is right, 2-3 only the twin, 4-5 both
 RIGHT = np.array([[0, 1], [0, 1], [1, 0], [1, 0], [1, 1], [1, 1]], dtype=bool)

@@ -1,4 +1,4 @@
-"""bench.regularisers: variant parsing and the params each variant trains with (the runs are a bench)."""
+"""bench.archive.regularisers: variant parsing and the params each variant trains with (the runs are a bench)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from bench.regularisers import parse_variant, variant_params
+from bench.archive.regularisers import parse_variant, variant_params
 
 
 def test_parse_variant_reads_yaml_scalars() -> None:

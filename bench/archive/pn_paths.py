@@ -5,7 +5,7 @@ model's entropy as a share of its maximum, and the exit accuracy on the held-out
 of its most likely path against the median of ``--paths`` uniformly random paths (seeded), each
 behind the pipeline's own frozen modules 1..K-1. Reads what ``dvc repro`` wrote; trains nothing.
 
-Run from the repository root after ``dvc repro``: ``python -m bench.pn_paths``.
+Run from the repository root after ``dvc repro``: ``python -m bench.archive.pn_paths``.
 """
 
 from __future__ import annotations

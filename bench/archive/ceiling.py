@@ -1,9 +1,9 @@
 """Where the cascade's last exit stops, and what limits it (issue 9), side by side in one run.
 
     dvc repro train@m2                       # the pipeline's modules 1 and 2 (or a full repro)
-    python -m bench.ceiling                  # every part: about 35 min on the 2-core machine
-    python -m bench.ceiling --part m3        # only module 3 variants (about 12 min)
-    python -m bench.ceiling --part distill   # module 1 distilled from plain_large (about 5 min)
+    python -m bench.archive.ceiling                  # every part: about 35 min on the 2-core machine
+    python -m bench.archive.ceiling --part m3        # only module 3 variants (about 12 min)
+    python -m bench.archive.ceiling --part distill   # module 1 distilled from plain_large (about 5 min)
 
 Plain PyTorch on cached features. The trained modules before the one under test are frozen (as in
 the pipeline), so their outputs on the training images, and on the same images flipped, are

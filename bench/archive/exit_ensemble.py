@@ -2,8 +2,8 @@
 + `calib` unless `calibrate.held_out` says `calib`) as the
 `calibrate` stage fits them (params' `calibrate` section), then the same thresholds on `test`.
 
-    python -m bench.exit_ensemble                      # models/cascade, data/prepared, params.yaml
-    python -m bench.exit_ensemble --decays 0 0.25 0.5 0.75 1
+    python -m bench.archive.exit_ensemble                      # models/cascade, data/prepared, params.yaml
+    python -m bench.archive.exit_ensemble --decays 0 0.25 0.5 0.75 1
 
 `calibrate` keeps the decay best on calib; the test columns are shown for information only (choosing
 by them would be fitting to the test split). Writes bench/out/exit_ensemble.json.

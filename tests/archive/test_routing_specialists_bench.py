@@ -1,4 +1,4 @@
-"""bench/routing_specialists.py's pure parts: class groups from confusions, routing to a group's
+"""bench/archive/routing_specialists.py's pure parts: class groups from confusions, routing to a group's
 specialist, the cascade read at a fixed exit-1 threshold (the bench itself needs a trained workspace)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.routing_specialists import cascade_accuracy, confusion_groups, group_of, routed_logits
+from bench.archive.routing_specialists import cascade_accuracy, confusion_groups, group_of, routed_logits
 
 
 def test_confusion_groups_merge_the_most_confused_pairs_first() -> None:

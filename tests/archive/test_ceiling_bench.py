@@ -1,4 +1,4 @@
-"""bench/ceiling.py's helpers (the probe itself is a script: `python -m bench.ceiling`)."""
+"""bench/archive/ceiling.py's helpers (the probe itself is a script: `python -m bench.archive.ceiling`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import bench.ceiling
-from bench.ceiling import (
+import bench.archive.ceiling
+from bench.archive.ceiling import (
     Soft,
     Views,
     distill_variants,
@@ -59,7 +59,7 @@ def test_fit_on_views_uses_the_pipelines_optimizer_and_schedule(monkeypatch: pyt
         made.append((cfg, make_optimizer(module, cfg)))
         return made[-1][1]
 
-    monkeypatch.setattr(bench.ceiling, "make_optimizer", spy)
+    monkeypatch.setattr(bench.archive.ceiling, "make_optimizer", spy)
     labels, x = _toy_problem()
     views = Views(x.half(), x.flip(-1).half(), x[:64], x[:64])
     torch.manual_seed(0)

@@ -1,10 +1,10 @@
 """Would routing pay if the candidates differed where it can be predicted? A small experiment before
 any design (issue 28): module-2 specialists per group of confusable classes, routed by exit 1's answer.
 
-    python -m bench.routing_specialists                   # a workspace after `dvc repro` (about 10 min)
-    python -m bench.routing_specialists --epochs 4 --max-train 6000     # a smoke run
+    python -m bench.archive.routing_specialists                   # a workspace after `dvc repro` (about 10 min)
+    python -m bench.archive.routing_specialists --epochs 4 --max-train 6000     # a smoke run
 
-`bench.routing_predictability` showed that which of a supernet's paths is right is close to a coin
+`bench.archive.routing_predictability` showed that which of a supernet's paths is right is close to a coin
 flip on the images that reach module 2: the paths are all generalists and differ by noise. This
 bench builds candidates that differ by construction: behind the pipeline's frozen module 1, one
 module 2 per group of classes (the groups come from exit 1's confusions on `calib`: the most confused
@@ -17,7 +17,7 @@ class's group (the routing oracle: what a perfect group predictor would give).
 Read as the cascade answers at the operating point: exit 1's calib-fitted threshold (params'
 `calibrate` rule on the pipeline's module 1 and 2) decides which images reach module 2 and module 2
 answers them (the default cascade's exit 2, whose threshold is 0 on seed 0), on `calib` and `test`.
-Training uses the pipeline's recipe (``bench.ceiling``: ``make_optimizer``, ``learning_rate``, cached
+Training uses the pipeline's recipe (``bench.archive.ceiling``: ``make_optimizer``, ``learning_rate``, cached
 features with flip and shift). Writes bench/out/routing_specialists.json.
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.ceiling import Views, fit_on_views, next_views, normalised, run_batched
+from bench.archive.ceiling import Views, fit_on_views, next_views, normalised, run_batched
 from pipeline.config import ModelConfig, load_params
 from pipeline.io import load_split, read_json
 from pipeline.models.modules import build_module

@@ -1,8 +1,8 @@
 """Ablations of issue 9's design changes, side by side in one run, scored on the `calib` split.
 
     dvc repro grade            # data/prepared and data/graded of the current params
-    python -m bench.quality_ablations --part m1       # exit head x curriculum on module 1
-    python -m bench.quality_ablations --part m2       # supernet training recipes on module 2
+    python -m bench.archive.quality_ablations --part m1       # exit head x curriculum on module 1
+    python -m bench.archive.quality_ablations --part m2       # supernet training recipes on module 2
 
 Part m1 trains module 1 (the params' spec and epochs) four ways: the default (params' head and
 curriculum), the global-pool head (`gap`), and the curricula `all` and `cumulative`. Part m2 takes
