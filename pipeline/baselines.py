@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from pipeline.routing.calibration import calibrate_delta, simulate_thresholds
 from pipeline.schema_keys import ParamsError
 from pipeline.search.space import Arch, SearchSpace
 from pipeline.settings import section_problems, settings
-from pipeline.train.config import TrainConfig
+from pipeline.train.config import TrainConfig, epochs_for
 from pipeline.train.loop import train_module
 from pipeline.train.paths import module_outputs
 from pipeline.train.prefix import Prefix
@@ -100,6 +100,7 @@ class BaselineConfig:
     small_width: int = 8
     large_width: int = 24
     epochs: int = 8
+    min_steps: int = 0
     batch_size: int = 128
     lr: float = 0.1
     momentum: float = 0.9
@@ -121,6 +122,10 @@ class BaselineConfig:
     def from_dict(cls, d: Mapping[str, Any] | None) -> BaselineConfig:
         """Build from the ``baselines`` section (None or {} = defaults), checked by the schema."""
         return cls(**vars(settings({"baselines": d}, "baselines")))
+
+    def sized_to(self, images: int) -> BaselineConfig:
+        """The recipe with its epochs raised to ``min_steps`` optimiser steps over ``images`` images."""
+        return replace(self, epochs=epochs_for(self.epochs, self.min_steps, images, self.batch_size))
 
     def train_config(self, seed: int) -> TrainConfig:
         """The recipe as a ``TrainConfig``: plain cross-entropy (lam = mu = 0)."""

@@ -32,6 +32,7 @@ from pipeline.baselines import (
 from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.io import atomic_path, load_held_out, load_split, read_json, write_json
 from pipeline.tracking import stage_run
+from pipeline.train.config import epochs_note
 from stages.common import cli, params_of, parser
 
 SEED_OFFSETS = {SMALL: 101, LARGE: 102}
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> None:
     num_classes = len(meta["classes"])
     train, calib = load_split(args.data, "train"), load_held_out(args.data, held_out)
     image_shape = tuple(int(v) for v in train.images.shape[1:])  # (C, H, W)
+    sized = cfg.sized_to(len(train))  # small data: epochs raised to min_steps optimiser steps
+    if sized.epochs != cfg.epochs:
+        print(epochs_note("baselines", cfg.epochs, sized.epochs, cfg.min_steps, len(train), cfg.batch_size))
+    cfg = sized
     # Normalisation statistics of the training images, as the train stage computes them for module 1.
     pixels = train.images.astype(np.float32) / 255.0
     mean = tuple(pixels.mean(axis=(0, 2, 3)).round(4).tolist())

@@ -28,7 +28,7 @@ from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import preprocess
 from pipeline.routing_verdict import verdict_lines
 from pipeline.tracking import stage_run
-from pipeline.train.config import module_train_config
+from pipeline.train.outputs import epochs_trained
 from stages.common import cli, params_of, parser
 
 
@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
                         for s in (load_split(args.data, "route"), load_split(args.data, "calib")))
     grader = load_grader(args.graded / GRADER_FILE)
     levels = levels_of(grader, test.images, test.labels, args.graded / "scores.csv")
-    epoch_budget = {"baselines": BaselineConfig.from_dict(params.get("baselines")).epochs,
-                    "modules": [module_train_config(params, key, 0).epochs for key in params["modules"]]}
+    epoch_budget = {  # as trained: min_steps may have raised the configured epochs on small data
+        "baselines": BaselineConfig.from_dict(params.get("baselines")).sized_to(
+            read_json(args.data / "meta.json")["splits"]["train"]["count"]).epochs,
+        "modules": [epochs_trained(args.models / key / "train") for key in params["modules"]]}
     torch.set_grad_enabled(False)
     with stage_run("evaluate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"model": str(args.model)}) as run, autocast(device, compute.precision):

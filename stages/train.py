@@ -29,7 +29,7 @@ from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.routing.assemble import load_prefix
 from pipeline.tracking import stage_run
 from pipeline.train import distributed
-from pipeline.train.config import module_train_config
+from pipeline.train.config import epochs_note, module_train_config, sized_to
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats
 from pipeline.train.lock import CheckpointLocked, checkpoint_lock, lock_path
 from pipeline.train.loop import train_module
@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> None:
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
     index, subset = curriculum(train, args.graded / f"m{k}.txt")
+    sized = sized_to(cfg, len(subset))  # small data: epochs raised to min_steps optimiser steps
+    if sized.epochs != cfg.epochs and world.main:
+        print(epochs_note(f"train@{name}", cfg.epochs, sized.epochs, cfg.min_steps, len(subset), cfg.batch_size))
+    cfg = sized
     mean, std = module_stats(k, train.images, args.models)  # measured for m1; later modules inherit m1's
     prefix = load_prefix(args.models, k, costs, mean, std)
     soft = distillation_targets(cfg, name, args.teacher, train.images, index, mean, std)  # None unless kd > 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeline.config import ConfigError, deep_merge, section
@@ -27,6 +27,7 @@ class TrainConfig:
     epochs: int
     batch_size: int
     lr: float
+    min_steps: int = 0  # epochs are raised until training takes at least this many optimiser steps
     momentum: float = 0.9
     weight_decay: float = 5e-4
     schedule: str = "cosine"
@@ -83,6 +84,26 @@ def module_train_config(params: Mapping[str, Any], name: str, seed: int) -> Trai
         return TrainConfig.from_dict(merged)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"params: train / modules.{name}.train: {exc}") from None
+
+
+def epochs_for(epochs: int, min_steps: int, images: int, batch_size: int) -> int:
+    """``epochs``, raised where ``epochs`` passes over ``images`` would take fewer than ``min_steps``
+    optimiser steps (an epoch is ``images // batch_size`` steps, at least one: the last partial batch is
+    dropped). On a small folder 8 epochs are a few hundred steps, too few for the larger models to learn
+    (docs/RESULTS.md, "Why nothing learns the scenes"); on Fashion-MNIST's 60,000 images it changes nothing."""
+    per_epoch = max(1, images // batch_size)
+    return max(epochs, math.ceil(min_steps / per_epoch))
+
+
+def sized_to(cfg: TrainConfig, images: int) -> TrainConfig:
+    """``cfg`` with its epochs raised to ``cfg.min_steps`` optimiser steps over ``images`` images."""
+    return replace(cfg, epochs=epochs_for(cfg.epochs, cfg.min_steps, images, cfg.batch_size))
+
+
+def epochs_note(name: str, epochs: int, raised: int, min_steps: int, images: int, batch_size: int) -> str:
+    """The line a stage prints when ``min_steps`` raised its epochs."""
+    return (f"{name}: {epochs} epochs of {images:,} images are {epochs * max(1, images // batch_size):,} steps "
+            f"at batch {batch_size}, under min_steps {min_steps:,}: training {raised} epochs")
 
 
 def learning_rate(cfg: TrainConfig, iteration: int, iters_per_epoch: int) -> float:

@@ -23,6 +23,13 @@ from pipeline.train.prefix import Prefix
 ITERATION_KEYS = ("entropy", "mi", "best_perf", "mean_perf")  # method B's per-iteration figures MLflow gets
 
 
+def epochs_trained(out: Path) -> int:
+    """How many epochs the module in ``out`` (a train stage's output directory) trained: the rows of its
+    ``history.csv``, one per epoch (``min_steps`` may have raised the configured epochs)."""
+    with open(out / "history.csv") as fh:
+        return sum(1 for line in fh if line.strip()) - 1
+
+
 def write_train_outputs(out: Path, module: torch.nn.Module, info: ModuleInfo, result: TrainResult) -> None:
     """The stage's deterministic outputs: module, ``history.csv`` (timings dropped),
     ``iterations.csv`` (method B), ``prob_model.json``."""
