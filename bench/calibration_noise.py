@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import load_params, section
 from pipeline.io import load_split, write_json
 from pipeline.models.modules import confidence
+from pipeline.params.config import load_params, section
 from pipeline.routing.calibration import choose_ensemble_decay, simulate_thresholds
 from pipeline.routing.engine import combine_exits
 from pipeline.routing.fit import exit_outputs, fit

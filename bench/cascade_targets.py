@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from pipeline.evaluation import comparison_table
+from pipeline.evaluation.figures import comparison_table
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,12 +26,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import ConfigError, DataConfig, ModelConfig, deep_merge, load_params, section
 from pipeline.data.input_shape import resolve_input
 from pipeline.device import device_name, resolve_device
 from pipeline.models.cascade import build_modules, feature_shapes
+from pipeline.models.config import ModelConfig
 from pipeline.models.cost import fixed_macs, op_mac_table
 from pipeline.models.profile import CostModel
+from pipeline.params.config import ConfigError, DataConfig, deep_merge, load_params, section
 from pipeline.train.config import TrainConfig
 from pipeline.train.loop import train_module
 from pipeline.train.prefix import Prefix

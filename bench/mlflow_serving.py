@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pipeline.registry import download_cascade, image_frame, predict_frame, save_cascade_pyfunc
+    from pipeline.registry.register import download_cascade, image_frame, predict_frame, save_cascade_pyfunc
     from pipeline.routing.package import load_cascade
 
     env = dict(os.environ)
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         if model.startswith("models:/"):
             cascade = download_cascade(model, Path(tmp) / "download")
         elif (local / "MLmodel").is_file():
-            from pipeline.registry import cascade_dir
+            from pipeline.registry.register import cascade_dir
 
             cascade = cascade_dir(local)
         else:  # a bare cascade directory: wrap it as the registry would

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from bench.calibration_noise import join, score
-from pipeline.config import load_params, section
 from pipeline.io import load_split
+from pipeline.params.config import load_params, section
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 
 RULES = {

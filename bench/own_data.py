@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.own_data_folders import FOLDERS, make_folder
-from pipeline.dominance import dominance
+from pipeline.evaluation.dominance import dominance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def rows_of(evaluation: dict[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
-    """The issue's checks on one run, read on test by the pipeline's own rule (pipeline.dominance): who
+    """The issue's checks on one run, read on test by the pipeline's own rule (pipeline.evaluation.dominance): who
     dominates the shipped cascade, and whether it reads within 0.3 points + 1 SE of its best exit."""
     n = int(sum(map(sum, evaluation["cascade"]["confusion"])))
     verdict = dominance(evaluation, n)

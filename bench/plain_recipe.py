@@ -1,4 +1,4 @@
-"""Why a plain CNN loses on the hard scenes folder: the plain CNN of ``pipeline.baselines`` trained
+"""Why a plain CNN loses on the hard scenes folder: the plain CNN of ``pipeline.train.baselines`` trained
 directly on drawn scenes (``bench.own_data_folders.scene``), one recipe per line, read on a held-out
 fifth. The question (issue 37, item 4): is it the data, the width, the learning rate or the epochs?
 
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from bench.own_data_folders import SHAPES, scene
-from pipeline.baselines import BaselineConfig, plain_outputs, train_baseline
+from pipeline.train.baselines import BaselineConfig, plain_outputs, train_baseline
 
 DEFAULT_RECIPES = ("4:8:0.1:0", "12:8:0.1:0", "12:8:0.1:1", "12:8:0.02:1", "4:8:0.05:1", "12:8:0.05:1",
                    "12:20:0.05:1")

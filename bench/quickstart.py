@@ -1,7 +1,7 @@
 """The user's path, timed end to end on a fresh clone: an image folder -> the quick profile's pipeline
 (`python -m pipeline.profiles --profile quick --data imagefolder:<folder>`, what `make repro
 PROFILE=quick DATA=...` runs) -> a registered model named after the folder -> `cascade recognize
---model models:/<name>@champion` -> `mlflow models serve` behind `pipeline.serve_guard` answering a
+--model models:/<name>@champion` -> `mlflow models serve` behind `pipeline.serving.mlflow_guard` answering a
 REST call. Each phase's wall time goes to bench/out/quickstart.json.
 
     python -m bench.quickstart                         # 200 Fashion-MNIST PNGs per class (2,000 images)
@@ -85,7 +85,7 @@ def serve_and_call(repo: Path, env: dict[str, str], model_uri: str, image: Path,
     procs = [subprocess.Popen([str(repo / ".venv/bin/mlflow"), "models", "serve", "-m", model_uri, "--env-manager",
                                "local", "--host", "127.0.0.1", "--port", str(upstream)], cwd=repo, env=env,
                               stdout=open(logs / "serve.log", "w"), stderr=subprocess.STDOUT),
-             subprocess.Popen([sys.executable, "-m", "pipeline.serve_guard", "--upstream",
+             subprocess.Popen([sys.executable, "-m", "pipeline.serving.mlflow_guard", "--upstream",
                                f"http://127.0.0.1:{upstream}", "--port", str(front), "--quiet"], cwd=repo, env=env,
                               stdout=open(logs / "guard.log", "w"), stderr=subprocess.STDOUT)]
     try:

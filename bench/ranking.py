@@ -46,11 +46,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from pipeline.config import deep_merge, load_params, section  # noqa: E402
 from pipeline.io import Split, load_split, write_json  # noqa: E402
 from pipeline.models.cascade import CascadeSpec, build_modules, feature_shapes  # noqa: E402
 from pipeline.models.cost import count_macs, fixed_macs, op_mac_table, path_macs  # noqa: E402
 from pipeline.models.modules import NO_ARCH, ModuleSpec, SupernetModule, build_module  # noqa: E402
+from pipeline.params.config import deep_merge, load_params, section  # noqa: E402
 from pipeline.search.probmodel import ProbModel  # noqa: E402
 from pipeline.search.ranking import choose_subnets, kendall_tau, spearman_rho  # noqa: E402
 from pipeline.search.space import Arch  # noqa: E402

@@ -49,8 +49,8 @@ from PIL import Image, ImageDraw
 from torch import nn
 
 from bench.own_data import run_one
-from pipeline.config import load_params
 from pipeline.io import load_held_out, load_split
+from pipeline.params.config import load_params
 from pipeline.profiles import settings
 from pipeline.routing.engine import Stage, run_cascade
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble

@@ -134,7 +134,7 @@ def run_sequential(port: int, bodies: list[Path], kind: str, per_body: int) -> d
 def write_bodies(images: np.ndarray, tmp: Path) -> tuple[list[Path], list[Path]]:
     import base64
 
-    from pipeline.payload import encode_png
+    from pipeline.registry.payload import encode_png
 
     singles = []
     for i, image in enumerate(images[:64]):
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if shutil.which("hey") is None:
         p.error("hey is not installed (Debian package hey; scripts/setup.sh installs it)")
-    from pipeline.model_uri import resolve_model_uri
+    from pipeline.registry.model_uri import resolve_model_uri
 
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp_name:
         tmp = Path(tmp_name)

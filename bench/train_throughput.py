@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.config import DataConfig, ModelConfig, deep_merge, load_params
 from pipeline.data.input_shape import resolve_input
 from pipeline.device import MEMORY_FORMATS
 from pipeline.models.cascade import build_modules, feature_shapes
+from pipeline.models.config import ModelConfig
 from pipeline.models.cost import count_macs
+from pipeline.params.config import DataConfig, deep_merge, load_params
 from pipeline.train.config import TrainConfig
 from pipeline.train.loop import train_module
 from pipeline.train.prefix import Prefix

@@ -1,5 +1,5 @@
 """``python -m pipeline.check_params [--params params.yaml] [--overlay profiles/tiny.yaml ...]``: check the
-whole params file against :mod:`pipeline.params_schema` (every key, type, range; unknown keys) and
+whole params file against :mod:`pipeline.params.schema` (every key, type, range; unknown keys) and
 print every problem, exit status 1; a data folder that does not exist is an error too. Prints ``ok``
 and exits 0 when the file is sound. ``make repro``
 runs it before ``dvc repro``."""
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 from pipeline import exit_codes
-from pipeline.config import ConfigError, deep_merge, load_params
-from pipeline.params_schema import check_params
-from pipeline.profiles import check_source
+from pipeline.data.sources import check_source
+from pipeline.params.config import ConfigError, deep_merge, load_params
+from pipeline.params.schema import check_params
 
 
 def main(argv: list[str] | None = None) -> int:

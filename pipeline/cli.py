@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from pipeline.model_uri import RegistryUnavailable, resolve_model_uri
+from pipeline.registry.model_uri import RegistryUnavailable, resolve_model_uri
 from pipeline.serving.commands import add_commands
 
 if TYPE_CHECKING:  # torch is imported only when a command runs, so --help stays instant

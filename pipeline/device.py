@@ -1,5 +1,6 @@
-"""Where torch runs: resolving ``compute.device`` to a ``torch.device``, the ``compute.precision``
-autocast context, moving frozen prefixes and engine stages, and whether a dataset fits on the device.
+"""Where torch runs: the ``compute`` section (:class:`ComputeConfig`), resolving ``compute.device`` to a
+``torch.device``, the ``compute.precision`` autocast context, moving frozen prefixes and engine stages,
+and whether a dataset fits on the device.
 
 On the CPU with fp32 nothing here changes a result but the training layout (:func:`memory_format`,
 which changes only float rounding): the same ops run on the same tensors. Saved weights and JSON stay
@@ -10,14 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from pipeline.choices import DEVICE_PATTERN, PRECISIONS, ConfigError
+from pipeline.params.choices import DEVICE_PATTERN, PRECISIONS, ConfigError
+from pipeline.params.settings import settings
 
 
 class DeviceError(ConfigError, RuntimeError):
@@ -53,6 +56,36 @@ def check_precision(precision: str, device: torch.device, key: str = "compute.pr
         raise ConfigError(f"{key} must be one of {PRECISIONS}, got {precision!r}")
     if precision == "bf16" and device.type != "cuda":
         raise ConfigError(f"{key} bf16 needs a CUDA device, got {device}; use fp32")
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """Where torch runs (``compute``; optional: defaults ``auto`` and ``fp32``, so older params files
+    still work). ``device``: auto (cuda if available, else cpu) | cpu | cuda | cuda:N, resolved to a
+    ``torch.device`` by :func:`resolve_device` at run time (:meth:`resolve`; building the config checks
+    only the spelling). ``precision``: fp32 | bf16 (bf16 autocast, CUDA only)."""
+
+    device: str = "auto"
+    precision: str = "fp32"
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ComputeConfig:
+        checked = settings(params, "compute")
+        return cls(device=checked.device, precision=checked.precision)
+
+    @classmethod
+    def of(cls, device: str, precision: str = "fp32") -> ComputeConfig:
+        """A checked config from the two strings (also what ``--device`` flags build)."""
+        return cls.from_params({"compute": {"device": device, "precision": precision}})
+
+    def resolve(self) -> torch.device:
+        """The ``torch.device`` to run on (:func:`resolve_device`); bf16 on a device that resolves to
+        the CPU (``auto`` without CUDA) is a :class:`ConfigError` naming ``compute.precision``."""
+        device = resolve_device(self.device)
+        if self.precision == "bf16" and device.type != "cuda":
+            raise ConfigError(f"params: compute.precision bf16 needs a CUDA device, but compute.device "
+                              f"{self.device!r} resolved to {device}; use fp32")
+        return device
 
 
 def autocast(device: torch.device, precision: str = "fp32") -> AbstractContextManager[Any]:

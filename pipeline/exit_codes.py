@@ -12,8 +12,8 @@ and ``python -m pipeline.profiles``, so a script driving the pipeline can tell a
 
 from __future__ import annotations
 
-from pipeline.choices import ConfigError
 from pipeline.data.sources import DataError
+from pipeline.params.choices import ConfigError
 
 OK, BUG, USAGE, PARAMS, DATA, CHECK = 0, 1, 2, 3, 4, 5
 

@@ -22,9 +22,10 @@ from typing import Any
 import yaml
 
 from pipeline import exit_codes
-from pipeline.config import ConfigError, deep_merge, load_params
-from pipeline.params_schema import check_params
-from pipeline.progress import FIRST_RUN_HINT, TIMES_FILE, StageProgress, load_times, save_times
+from pipeline.data.sources import check_source
+from pipeline.params.config import ConfigError, deep_merge, load_params
+from pipeline.params.schema import check_params
+from pipeline.report.progress import FIRST_RUN_HINT, TIMES_FILE, StageProgress, load_times, save_times
 
 PROFILES = Path("profiles")
 WHERE = (
@@ -62,13 +63,6 @@ def profile_overlay(profile: str | None, data: str | None, root: Path = Path("."
     if data:
         overlay = deep_merge(overlay, {"data": {"source": data}})
     return overlay
-
-
-def check_source(source: str) -> None:
-    """A folder source must exist before a 40-minute run is started on it."""
-    kind, _, where = source.partition(":")
-    if kind in ("imagefolder", "idx", "fashion-mnist") and where and not Path(where).is_dir():
-        raise ConfigError(f"data source {source}: folder {where} does not exist")
 
 
 def command(overlay: Mapping[str, Any], base: Mapping[str, Any], extra: list[str]) -> list[str]:

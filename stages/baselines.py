@@ -13,7 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.baselines import (
+from pipeline.device import ComputeConfig
+from pipeline.evaluation.two_cnn import two_cnn_arrays, two_cnn_result, two_cnn_threshold
+from pipeline.io import atomic_path, load_held_out, load_split, read_json, write_json
+from pipeline.params.config import TrackingConfig
+from pipeline.registry.tracking import stage_run
+from pipeline.train.baselines import (
     LARGE,
     SMALL,
     TWO_CNN,
@@ -25,13 +30,7 @@ from pipeline.baselines import (
     plain_outputs,
     save_baselines,
     train_baseline,
-    two_cnn_arrays,
-    two_cnn_result,
-    two_cnn_threshold,
 )
-from pipeline.config import ComputeConfig, TrackingConfig
-from pipeline.io import atomic_path, load_held_out, load_split, read_json, write_json
-from pipeline.tracking import stage_run
 from pipeline.train.config import epochs_note
 from stages.common import cli, params_of, parser
 

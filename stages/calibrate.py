@@ -16,15 +16,15 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from pipeline.config import ComputeConfig, TrackingConfig, section
-from pipeline.device import autocast, stages_to
+from pipeline.device import ComputeConfig, autocast, stages_to
 from pipeline.io import atomic_path, load_held_out, read_json, write_json
 from pipeline.models.profile import CostModel
+from pipeline.params.config import TrackingConfig, section
+from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_stages
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 from pipeline.routing.package import CascadeMeta, packaged, save_cascade
 from pipeline.routing.recognize import preprocess
-from pipeline.tracking import stage_run
 from stages.common import cli, params_of, parser
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     params = params_of(args)
     cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
            "ensemble_decays": [0.0], "bound_z": 0.0, "held_out": "calib", **section(params, "calibrate")}
-    # every value was checked with the params file (params_schema: CALIBRATE and its rules)
+    # every value was checked with the params file (pipeline.params.schema: CALIBRATE and its rules)
     kind = (params.get("model") or {}).get("confidence", "maxprob")
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()  # the weights saved are CPU copies (save_cascade)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import exit_codes
-from pipeline.config import ConfigError, load_checked_params
 from pipeline.data.sources import DataError
+from pipeline.params.config import ConfigError, load_checked_params
 
 
 class StageFailed(RuntimeError):

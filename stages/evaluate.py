@@ -16,18 +16,18 @@ from pathlib import Path
 
 import torch
 
-from pipeline.baselines import BaselineConfig, load_baselines
-from pipeline.config import ComputeConfig, TrackingConfig
 from pipeline.data.grader_store import GRADER_FILE, levels_of, load_grader
-from pipeline.device import autocast, to_device
-from pipeline.evaluation import comparison_table
-from pipeline.evaluation_suite import evaluation_suite, headline, summary_line, write_evaluation_plots
+from pipeline.device import ComputeConfig, autocast, to_device
+from pipeline.evaluation.figures import comparison_table
+from pipeline.evaluation.routing_verdict import verdict_lines
+from pipeline.evaluation.suite import evaluation_suite, headline, summary_line, write_evaluation_plots
 from pipeline.io import load_held_out, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
+from pipeline.params.config import TrackingConfig
+from pipeline.registry.tracking import stage_run
 from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import preprocess
-from pipeline.routing_verdict import verdict_lines
-from pipeline.tracking import stage_run
+from pipeline.train.baselines import BaselineConfig, load_baselines
 from pipeline.train.outputs import epochs_trained
 from stages.common import cli, params_of, parser
 

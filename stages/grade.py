@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from pipeline.config import GradeConfig, TrackingConfig
 from pipeline.data.grader_store import GRADER_FILE, save_grader
 from pipeline.data.grading import grade
 from pipeline.data.validation import validate_grading
 from pipeline.io import atomic_path, load_split, read_json, write_json
-from pipeline.plots import level_examples, score_histogram
-from pipeline.tracking import stage_run
+from pipeline.params.config import GradeConfig, TrackingConfig
+from pipeline.registry.tracking import stage_run
+from pipeline.report.plots import level_examples, score_histogram
 from stages.common import StageFailed, cli, params_of, parser
 
 

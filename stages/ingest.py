@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline.config import DataConfig, TrackingConfig
 from pipeline.data.input_shape import resolve_input
 from pipeline.data.sources import DEFAULT_MAX_PIXELS, DataError, load_source
 from pipeline.data.splits import SplitPlan, check_class_coverage, make_splits, split_meta
 from pipeline.io import atomic_path, save_split, write_json
-from pipeline.tracking import stage_run
+from pipeline.params.config import DataConfig, TrackingConfig
+from pipeline.registry.tracking import stage_run
 from stages.common import cli, params_of, parser
 
 

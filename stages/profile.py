@@ -9,10 +9,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.config import STRIDE_ABOVE, ComputeConfig, ModelConfig, ProfileConfig, TrackingConfig
+from pipeline.device import ComputeConfig
 from pipeline.io import read_json, write_json
+from pipeline.models.config import STRIDE_ABOVE, ModelConfig
 from pipeline.models.profile import LATENCY_FILE, CostModel, profile_cascade, split_profile
-from pipeline.tracking import stage_run
+from pipeline.params.config import ProfileConfig, TrackingConfig
+from pipeline.registry.tracking import stage_run
 from stages.common import cli, params_of, parser
 
 

@@ -2,16 +2,16 @@
 signature and a real test image as input example), register a version tagged with its lineage (git
 commit, DVC md5s of this run's own inputs, dvc.lock hashes of data and params) and test metrics, point
 `challenger` at it, and move `champion` to it only if it passes the gate against the current champion
-(compared at equal cost when it costs more; see pipeline.registry.gate). Reading the champion, the
+(compared at equal cost when it costs more; see pipeline.registry.register.gate). Reading the champion, the
 gate, the aliases and writing --out happen under the store's lock, so concurrent runs agree."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import TrackingConfig
 from pipeline.io import load_split, read_json, write_json
-from pipeline.registry import (
+from pipeline.params.config import TrackingConfig
+from pipeline.registry.register import (
     GATE_METRICS,
     RegisterConfig,
     curve_points,
@@ -21,7 +21,7 @@ from pipeline.registry import (
     log_version,
     promote,
 )
-from pipeline.tracking import stage_run
+from pipeline.registry.tracking import stage_run
 from stages.common import StageFailed, cli, params_of, parser
 
 

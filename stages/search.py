@@ -14,13 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.config import ComputeConfig, TrackingConfig, section
-from pipeline.device import autocast, prefix_to
+from pipeline.device import ComputeConfig, autocast, prefix_to
 from pipeline.io import atomic_path, load_split, write_json
 from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import load_module
+from pipeline.params.config import TrackingConfig, section
+from pipeline.params.settings import settings
+from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
-from pipeline.search.candidates import (
+from pipeline.routing.candidates import (
     draw_candidates,
     evaluate_candidates,
     pareto_front,
@@ -30,8 +32,6 @@ from pipeline.search.candidates import (
     split_timings,
     write_search_plots,
 )
-from pipeline.settings import settings
-from pipeline.tracking import stage_run
 from pipeline.train.config import module_train_config
 from stages.common import cli, module_number, params_of, parser
 

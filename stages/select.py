@@ -10,17 +10,17 @@ from pathlib import Path
 
 import torch
 
-from pipeline.config import ComputeConfig, TrackingConfig, section
-from pipeline.device import autocast, cpu_state_dict, prefix_to
+from pipeline.device import ComputeConfig, autocast, cpu_state_dict, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
+from pipeline.params.config import TrackingConfig, section
+from pipeline.params.settings import settings
+from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.features import candidate_outputs, split_features
 from pipeline.routing.selection import PredictorConfig, routed_selection, static_selection
 from pipeline.search.space import Arch
-from pipeline.settings import settings
-from pipeline.tracking import stage_run
 from stages.common import cli, module_number, params_of, parser
 
 MODES = ("predictor", "testset")

@@ -22,12 +22,13 @@ from pathlib import Path
 import torch
 
 from pipeline.codegraph import ROOT, closure
-from pipeline.config import ComputeConfig, ConfigError, ModelConfig, TrackingConfig
-from pipeline.device import prefix_to
+from pipeline.device import ComputeConfig, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.models.config import ModelConfig
 from pipeline.models.profile import LATENCY_FILE, CostModel
+from pipeline.params.config import ConfigError, TrackingConfig
+from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
-from pipeline.tracking import stage_run
 from pipeline.train import distributed
 from pipeline.train.config import epochs_note, module_train_config, sized_to
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats

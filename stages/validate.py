@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import TrackingConfig, ValidateConfig
 from pipeline.data.splits import SPLITS
 from pipeline.data.validation import validate_splits
 from pipeline.io import atomic_path, load_split, read_json, write_json
-from pipeline.tracking import stage_run
+from pipeline.params.config import TrackingConfig, ValidateConfig
+from pipeline.registry.tracking import stage_run
 from stages.common import StageFailed, cli, params_of, parser
 
 

@@ -30,7 +30,7 @@ from pipeline.data.sources import (
     load_source,
     max_file_bytes,
 )
-from pipeline.registry import decode_payload
+from pipeline.registry.register import decode_payload
 from tests.routing.test_package import save_tiny
 
 # ------------------------------------------------------------------------------------------ builders
@@ -282,7 +282,7 @@ def test_ingest_stage_names_the_bad_file_and_writes_nothing(
 ) -> None:
     import yaml
 
-    from pipeline.config import load_params
+    from pipeline.params.config import load_params
     from stages import ingest
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
@@ -306,7 +306,7 @@ def test_ingest_stage_passes_the_pixel_limit(tmp_path: Path, capsys: pytest.Capt
     """``data.max_pixels`` reaches the source loader: 20 x 20 images pass at 400 pixels, not at 399."""
     import yaml
 
-    from pipeline.config import load_params
+    from pipeline.params.config import load_params
     from stages import ingest
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'm.db'}")
@@ -438,7 +438,7 @@ def test_served_model_answers_a_bad_request_with_400(model_dir: Path) -> None:
     """The pyfunc model turns a refused payload into MLflow's INVALID_PARAMETER_VALUE: HTTP 400."""
     from mlflow.exceptions import MlflowException
 
-    from pipeline import mlflow_models
+    from pipeline.registry import mlflow_models
     from pipeline.routing.package import load_cascade
 
     model = mlflow_models.CascadeModel()

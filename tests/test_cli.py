@@ -90,7 +90,7 @@ def test_bad_model_is_exit_2(
 def test_registry_uri_without_registry(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "pipeline.registry", None)  # import fails, as when it is absent
+    monkeypatch.setitem(sys.modules, "pipeline.registry.register", None)  # import fails, as when it is absent
     assert main(["info", "--model", "models:/cascade@champion"]) == 2
     assert capsys.readouterr().err.strip() == "error: registry support not available"
     with pytest.raises(ValueError, match="models:/<name>@<alias>"):
@@ -102,7 +102,7 @@ def test_registry_uri_goes_through_download_cascade(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     asked: list[str] = []
-    fake = types.ModuleType("pipeline.registry")
+    fake = types.ModuleType("pipeline.registry.register")
     scratch: list[Path] = []
 
     def download(uri: str, dst: str | None = None) -> Path:  # copies the model in, as the registry does
@@ -113,7 +113,7 @@ def test_registry_uri_goes_through_download_cascade(
         return Path(shutil.copytree(model_dir, Path(dst) / "cascade"))
 
     fake.download_cascade = download  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pipeline.registry", fake)
+    monkeypatch.setitem(sys.modules, "pipeline.registry.register", fake)
     assert resolve_model_uri("models:/cascade/3") == model_dir
     assert main(["info", "--model", "models:/cascade@champion", "--json"]) == 0
     assert asked == ["models:/cascade/3", "models:/cascade@champion"]

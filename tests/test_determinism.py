@@ -13,7 +13,7 @@ from pipeline.models.cascade import build_modules, feature_shapes
 from pipeline.models.modules import NO_ARCH
 from pipeline.models.profile import CostModel, profile_cascade
 from pipeline.models.store import ModuleInfo, load_module
-from pipeline.search.candidates import evaluate_candidates, pareto_front, search_result, split_timings
+from pipeline.routing.candidates import evaluate_candidates, pareto_front, search_result, split_timings
 from pipeline.train.loop import train_module
 from pipeline.train.outputs import write_train_outputs
 from pipeline.train.prefix import Prefix

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from pipeline import device as dev
-from pipeline.config import ComputeConfig, ConfigError
-from pipeline.params_schema import params_problems
+from pipeline.device import ComputeConfig
+from pipeline.params.config import ConfigError
+from pipeline.params.schema import params_problems
 
 
 def fake_cuda(monkeypatch: pytest.MonkeyPatch, count: int) -> None:
@@ -121,7 +122,7 @@ def test_moving_modules_keeps_cpu_tensors() -> None:
 def test_schema_keys_match_compute_config() -> None:
     import dataclasses
 
-    from pipeline.params_schema import COMPUTE
+    from pipeline.params.schema import COMPUTE
 
     assert set(COMPUTE) == {f.name for f in dataclasses.fields(ComputeConfig)}
     assert {k: v.default for k, v in COMPUTE.items()} == dataclasses.asdict(ComputeConfig())
@@ -150,8 +151,8 @@ def test_recognize_device_flag(tmp_path, monkeypatch: pytest.MonkeyPatch,
 def test_pyfunc_model_device_from_env(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     from types import SimpleNamespace
 
-    from pipeline.mlflow_models import CascadeModel
-    from pipeline.tracking import DEVICE_ENV
+    from pipeline.registry.mlflow_models import CascadeModel
+    from pipeline.registry.tracking import DEVICE_ENV
     from tests.routing.test_package import save_tiny
 
     context = SimpleNamespace(artifacts={"cascade": str(save_tiny(tmp_path / "model")[1])})

@@ -74,10 +74,10 @@ def test_an_empty_init_need_not_be_listed_until_it_holds_code(tmp_path: Path) ->
 
 def test_the_two_stale_cases_of_issue_29_rerun() -> None:
     """An edit to ``curriculum_index`` (pipeline/io.py) re-runs train, search, select, calibrate and
-    evaluate; an edit to ``teacher_probabilities`` (pipeline/baselines.py) re-runs every train stage."""
+    evaluate; an edit to ``teacher_probabilities`` (pipeline/train/baselines.py) re-runs every train stage."""
     for stage in ("ingest", "train", "search", "select", "calibrate", "evaluate"):
         assert covered(Path("pipeline/io.py"), STAGES[stage][1]), stage
-    assert covered(Path("pipeline/baselines.py"), STAGES["train"][1])
+    assert covered(Path("pipeline/train/baselines.py"), STAGES["train"][1])
 
 
 def test_register_lists_the_package_its_model_carries() -> None:
@@ -89,7 +89,7 @@ def test_checkpoint_key_hashes_what_train_runs() -> None:
     import stages.train
 
     assert set(stages.train.CODE) == set(closure("stages.train"))
-    assert Path("pipeline/baselines.py") in stages.train.CODE and Path("pipeline/io.py") in stages.train.CODE
+    assert Path("pipeline/train/baselines.py") in stages.train.CODE and Path("pipeline/io.py") in stages.train.CODE
 
 
 def test_dvc_yaml_code_lists_are_what_sync_writes() -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import load_params
-from pipeline.params_schema import module_after, params_problems
+from pipeline.params.config import load_params
+from pipeline.params.schema import module_after, params_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = load_params(ROOT / "params.yaml")

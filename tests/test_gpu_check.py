@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from bench import gpu_check
-from pipeline.config import deep_merge, load_params
+from pipeline.params.config import deep_merge, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

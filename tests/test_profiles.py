@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, deep_merge, load_params
-from pipeline.params_schema import check_params
-from pipeline.profiles import check_source, main, profile_overlay, settings
+from pipeline.data.sources import check_source
+from pipeline.params.config import ConfigError, deep_merge, load_params
+from pipeline.params.schema import check_params
+from pipeline.profiles import main, profile_overlay, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +52,7 @@ def test_run_with_progress_passes_output_through_and_adds_stage_lines(capfd) -> 
     import sys
 
     from pipeline.profiles import run_with_progress
-    from pipeline.progress import StageProgress
+    from pipeline.report.progress import StageProgress
 
     script = ("print(\"Running stage 'ingest':\"); print('epoch 1/2', end='\\r'); print('epoch 2/2'); "
               "print(\"Stage 'grade' didn't change, skipping\"); raise SystemExit(3)")

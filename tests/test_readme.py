@@ -34,3 +34,22 @@ def test_every_saved_result_is_cited_by_a_document() -> None:
     text = "\n".join(p.read_text() for p in sources)
     orphans = [p.name for p in sorted((ROOT / "docs" / "results").iterdir()) if p.name not in text]
     assert not orphans, f"docs/results entries no document cites: {orphans}"
+
+
+def test_documents_name_only_modules_that_exist() -> None:
+    """Every ``pipeline/...py`` path and dotted ``pipeline.<room>...`` name in the README, docs/*.md,
+    the Makefile and dvc.yaml points at a file or module that exists (so a moved module leaves no stale
+    reference behind); a dotted name may go on past the module into its attributes."""
+    lib = ROOT / "pipeline"
+    modules = {".".join(p.relative_to(ROOT).with_suffix("").parts[:-1] if p.stem == "__init__"
+                        else p.relative_to(ROOT).with_suffix("").parts) for p in lib.rglob("*.py")}
+    stale = []
+    for doc in [README, *sorted((ROOT / "docs").glob("*.md")), ROOT / "Makefile", ROOT / "dvc.yaml"]:
+        text = doc.read_text()
+        stale += [f"{doc.name}: {m}" for m in re.findall(r"(?<![\w/.])(pipeline/[\w/]+\.py)\b", text)
+                  if not (ROOT / m).is_file()]
+        for name in re.findall(r"(?<![\w/.])(pipeline(?:\.\w+)+)", text):
+            parts = name.split(".")
+            if not any(".".join(parts[:i]) in modules for i in range(2, len(parts) + 1)):
+                stale.append(f"{doc.name}: {name}")
+    assert not stale, stale

@@ -190,7 +190,7 @@ def test_key_inputs_are_the_modules_data_and_the_frozen_modules(tmp_path: Path) 
 def _status(root: Path, run_id: str) -> str:
     from mlflow import MlflowClient
 
-    from pipeline.tracking import default_tracking_uri
+    from pipeline.registry.tracking import default_tracking_uri
 
     uri = default_tracking_uri(root)
     return MlflowClient(tracking_uri=uri).get_run(run_id).info.status
@@ -203,7 +203,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_interrupted_stage_run_ends_killed(store: Path) -> None:
-    from pipeline.tracking import stage_run
+    from pipeline.registry.tracking import stage_run
 
     ids = {}
     with pytest.raises(KeyboardInterrupt):
@@ -228,9 +228,9 @@ def test_a_sigkilled_stage_run_is_ended_by_the_next_one(store: Path) -> None:
     import subprocess
     import sys
 
-    from pipeline.tracking import stage_run
+    from pipeline.registry.tracking import stage_run
 
-    code = ("import sys, time\nfrom pipeline.tracking import stage_run\n"
+    code = ("import sys, time\nfrom pipeline.registry.tracking import stage_run\n"
             "with stage_run('train@m1', experiment='resume', root=sys.argv[1]) as run:\n"
             "    print(run.run_id, flush=True)\n    time.sleep(120)\n")
     child = subprocess.Popen([sys.executable, "-c", code, str(store)], stdout=subprocess.PIPE, text=True)
@@ -249,7 +249,7 @@ def test_a_sigkilled_stage_run_is_ended_by_the_next_one(store: Path) -> None:
 
 
 def test_sigterm_inside_a_stage_run_ends_it_killed(store: Path) -> None:
-    from pipeline.tracking import StageKilled, stage_run
+    from pipeline.registry.tracking import StageKilled, stage_run
 
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(StageKilled):
@@ -272,8 +272,8 @@ def _tiny_repo(root: Path) -> list[str]:
 
     import yaml
 
-    from pipeline.config import deep_merge, load_params
     from pipeline.io import Split, save_split
+    from pipeline.params.config import deep_merge, load_params
     from stages import profile
 
     repo = Path(__file__).resolve().parents[1]
@@ -308,7 +308,7 @@ def test_killed_train_stage_resumes_and_cleans_up(store: Path, monkeypatch: pyte
 
     from mlflow import MlflowClient
 
-    from pipeline.tracking import default_tracking_uri
+    from pipeline.registry.tracking import default_tracking_uri
     from stages import search
     from stages import train as stage
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from pipeline.config import load_params
+from pipeline.params.config import load_params
 from stages import ingest
 
 

@@ -1,6 +1,6 @@
 """The team tracking server (``scripts/team_server.sh``): ``mlflow server`` on a PostgreSQL backend
 store with proxied artifacts. The register stage runs against it over HTTP as it does on the embedded
-store in tests/test_registry.py: the first version becomes champion, a worse challenger is refused by
+store in tests/registry/test_register.py: the first version becomes champion, a worse challenger is refused by
 the gate, and the aliases are right in PostgreSQL's own tables and after a restart.
 
 Skipped only when the PostgreSQL binaries are absent (scripts/setup.sh installs Debian's
@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline import mlflow_models
 from pipeline.io import write_json
-from pipeline.registry import CHALLENGER, CHAMPION, download_cascade, metrics_from_tags
+from pipeline.registry import mlflow_models
+from pipeline.registry.register import CHALLENGER, CHAMPION, download_cascade, metrics_from_tags
+from tests.registry.test_register import failing, run_stage, stage_repo
 from tests.routing.test_package import save_tiny
 from tests.team import ABSENT, TeamServer, postgres_bin, postgres_registry, running_team_server, script
-from tests.test_registry import failing, run_stage, stage_repo
 
 MODEL = "stage-cascade"  # the name stage_repo's params give the registered model
 

@@ -58,13 +58,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from bench.report import report_parts
-from pipeline.baselines import load_baselines, plain_outputs
-from pipeline.config import ModelConfig, load_params
 from pipeline.io import Split, load_split
+from pipeline.models.config import ModelConfig
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
+from pipeline.params.config import load_params
 from pipeline.routing.engine import combine_exits
+from pipeline.train.baselines import load_baselines, plain_outputs
 from pipeline.train.config import TrainConfig, learning_rate, module_train_config
 from pipeline.train.data import ImageBatches, epoch_seed, random_crop
 from pipeline.train.loop import make_optimizer

@@ -31,13 +31,14 @@ import pandas as pd
 import torch
 
 from bench.report import report_parts
-from pipeline.config import GradeConfig, ModelConfig, deep_merge, load_params, section
 from pipeline.data.grading import curriculum_repeats
 from pipeline.io import load_split
 from pipeline.models.cascade import feature_shapes
+from pipeline.models.config import ModelConfig
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import NO_ARCH, ModuleSpec, build_module
 from pipeline.models.store import load_module
+from pipeline.params.config import GradeConfig, deep_merge, load_params, section
 from pipeline.search.picks import max_entropy
 from pipeline.train.config import TrainConfig
 from pipeline.train.loop import train_module

@@ -33,11 +33,11 @@ import torch
 import yaml
 
 from bench.report import report_parts
-from pipeline.config import load_params
 from pipeline.io import load_split
 from pipeline.models.modules import NO_ARCH
 from pipeline.models.profile import LATENCY_FILE
 from pipeline.models.store import load_module
+from pipeline.params.config import load_params
 from pipeline.routing.engine import combine_exits
 
 DEFAULT_VARIANTS = ("erase50=erase:0.5", "ls10=label_smoothing:0.1")

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.config import load_params, section
 from pipeline.io import load_split, read_json, write_json
 from pipeline.models.modules import confidence
 from pipeline.models.profile import CostModel
+from pipeline.params.config import load_params, section
 from pipeline.routing.assemble import load_stage, load_stages
 from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import Stage, combine_exits

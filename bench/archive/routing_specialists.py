@@ -31,10 +31,11 @@ import numpy as np
 import torch
 
 from bench.archive.ceiling import Views, fit_on_views, next_views, normalised, run_batched
-from pipeline.config import ModelConfig, load_params
 from pipeline.io import load_split, read_json
+from pipeline.models.config import ModelConfig
 from pipeline.models.modules import build_module
 from pipeline.models.store import load_module
+from pipeline.params.config import load_params
 from pipeline.train.config import module_train_config
 
 

@@ -15,7 +15,7 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 from threadpoolctl import threadpool_limits
 
-from pipeline.config import GradeConfig
+from pipeline.params.config import GradeConfig
 
 
 def _scale(x: np.ndarray) -> np.ndarray:

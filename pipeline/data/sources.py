@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.io import Split
+from pipeline.params.choices import ConfigError
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = (
@@ -364,6 +365,13 @@ def load_imagefolder(directory: str | os.PathLike[str], channels: int, image_siz
             ids.append(file.relative_to(directory).as_posix())
     train = Split("train", np.stack(images), np.array(labels, dtype=np.int64), np.array(ids))
     return RawDataset(train, None, tuple(names), f"imagefolder:{directory}")
+
+
+def check_source(source: str) -> None:
+    """``data.source``: a folder source must exist before a 40-minute run is started on it."""
+    kind, _, where = source.partition(":")
+    if kind in ("imagefolder", "idx", "fashion-mnist") and where and not Path(where).is_dir():
+        raise ConfigError(f"data source {source}: folder {where} does not exist")
 
 
 def load_source(source: str, *, channels: int, image_size: int, max_pixels: int = DEFAULT_MAX_PIXELS

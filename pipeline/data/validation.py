@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.config import ValidateConfig
 from pipeline.io import Split
+from pipeline.params.config import ValidateConfig
 
 
 @dataclass(frozen=True)

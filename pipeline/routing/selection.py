@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from pipeline.choices import ConfigError
+from pipeline.params.choices import ConfigError
 from pipeline.routing.predictor import (
     Predictor,
     predictor_macs,

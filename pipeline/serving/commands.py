@@ -70,7 +70,7 @@ def add_commands(sub: Any, default_model: str) -> None:
 
 
 def _resolve(model: str, scratch: str) -> Path | None:
-    from pipeline.model_uri import RegistryUnavailable, resolve_model_uri
+    from pipeline.registry.model_uri import RegistryUnavailable, resolve_model_uri
 
     try:
         return resolve_model_uri(model, scratch)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from pipeline.data.sources import DEFAULT_MAX_PIXELS
-from pipeline.payload import MAX_REQUEST_PIXELS
-from pipeline.serve_guard import json_depth_exceeds as _scan_depth
+from pipeline.registry.payload import MAX_REQUEST_PIXELS
+from pipeline.serving.mlflow_guard import json_depth_exceeds as _scan_depth
 
 RAW_TYPES = ("image/png", "image/jpeg", "application/octet-stream")  # one image per request, its bytes
 JSON_TYPE = "application/json"
@@ -65,7 +65,7 @@ def check_headers(method: str, path: str, content_length: str | None, content_ty
 
 
 def json_depth_exceeds(text: bytes | str, limit: int) -> bool:
-    """Whether JSON ``text`` nests deeper than ``limit`` (:func:`pipeline.serve_guard.json_depth_exceeds`'s
+    """Whether JSON ``text`` nests deeper than ``limit`` (:func:`pipeline.serving.mlflow_guard.json_depth_exceeds`'s
     linear scan; a body with too few brackets to nest that deep is not scanned at all)."""
     if isinstance(text, bytes):
         if text.count(b"[") + text.count(b"{") <= limit:

@@ -6,7 +6,7 @@ Accepted, one request:
 - ``application/json`` with ``{"image": "<base64 PNG/JPEG>"}`` or ``{"images": ["<base64>", ...]}``;
 - ``application/json`` in MLflow's scoring form: ``{"dataframe_split": ...}`` or
   ``{"dataframe_records": ...}`` with an ``image`` (base64) or ``pixels`` (uint8 (H, W) / (C, H, W))
-  column, decoded by :func:`pipeline.payload.decode_payload` exactly as the registered pyfunc model does.
+  column, decoded by :func:`pipeline.registry.payload.decode_payload` exactly as the registered pyfunc model does.
 
 Every image is decoded by the code ``ingest`` uses (:func:`pipeline.data.sources.decode_image_bytes`):
 any size, grey or colour, converted to the model's channels and resized to its input, so a client
@@ -174,7 +174,7 @@ def decode_payload(payload: Any, shape: Sequence[int], limits: ServeLimits) -> n
             raise BadRequest("'images' must be a list of base64 PNG/JPEG strings")
         return decode_images(payload["images"], shape, limits)
     if "dataframe_split" in payload or "dataframe_records" in payload:
-        from pipeline.payload import decode_payload as decode_frame
+        from pipeline.registry.payload import decode_payload as decode_frame
 
         try:
             frame = _frame(payload)

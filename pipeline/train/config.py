@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from pipeline.config import ConfigError, deep_merge, section
+from pipeline.params.config import ConfigError, deep_merge, section
+from pipeline.params.settings import section_problems
 from pipeline.search.picks import PICKS
-from pipeline.settings import section_problems
 
 SCHEDULES = ("cosine", "step", "constant")
 SAMPLERS = ("uniform", "probmodel")
@@ -61,7 +61,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         for problem in section_problems({f.name: getattr(self, f.name) for f in fields(self)}, "train",
                                         "TrainConfig"):
-            raise ValueError(problem)  # the schema's check (pipeline.params_schema.TRAIN), the first problem
+            raise ValueError(problem)  # the schema's check (pipeline.params.schema.TRAIN), the first problem
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:

@@ -15,7 +15,7 @@ batch (the reference every test compares against):
 - What differs: BatchNorm normalises each rank's rows with their own batch statistics (DDP's
   default; torch's ``SyncBatchNorm`` runs on GPUs only), and the running statistics kept are rank
   0's. An N-process run therefore matches one process within a tolerance, not bitwise
-  (tests/test_distributed.py states it); without BatchNorm it matches to float rounding.
+  (tests/train/test_distributed.py states it); without BatchNorm it matches to float rounding.
 
 Only rank 0 writes outputs, checkpoints and MLflow runs; the stage relaunches itself under
 ``torchrun`` when ``train.processes`` > 1 (:func:`torchrun_command`).

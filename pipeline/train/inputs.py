@@ -10,12 +10,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.baselines import load_baselines, teacher_probabilities
-from pipeline.config import ConfigError
 from pipeline.io import Split, curriculum_index, read_json
 from pipeline.models.modules import ModuleSpec, build_module
 from pipeline.models.profile import CostModel
 from pipeline.models.store import ModuleInfo
+from pipeline.params.config import ConfigError
+from pipeline.train.baselines import load_baselines, teacher_probabilities
 from pipeline.train.config import TrainConfig
 
 Stats = tuple[tuple[float, ...], tuple[float, ...]]

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.config import GradeConfig
 from pipeline.data.grader_store import grader_proba, levels_of, load_grader, save_grader
 from pipeline.data.grading import make_scorer
+from pipeline.params.config import GradeConfig
 
 
 def images_and_labels(n: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

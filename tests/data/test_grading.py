@@ -2,10 +2,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.config import GradeConfig
 from pipeline.data.grading import Grading, assign_levels, curriculum_levels, curriculum_repeats, grade
 from pipeline.data.sources import load_digits
 from pipeline.data.validation import validate_grading
+from pipeline.params.config import GradeConfig
 
 CFG = GradeConfig(scorer="pca-logreg", pca_components=16, folds=3, levels=3, curriculum="cumulative",
                   max_iter=200, knn_neighbors=5, seed=0)

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from pipeline.config import load_params
 from pipeline.data.splits import SPLITS
+from pipeline.params.config import load_params
 from stages import ingest
 from tests.data.test_sources import make_idx_dir
 from tests.data.test_splits import image_folder

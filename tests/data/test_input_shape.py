@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pipeline.config import STRIDE_ABOVE, ModelConfig, deep_merge, load_params
 from pipeline.data.input_shape import (
     AUTO_MAX_SIZE,
     AUTO_MIN_SIZE,
@@ -18,7 +17,9 @@ from pipeline.data.input_shape import (
     sample_files,
 )
 from pipeline.data.sources import DataError
-from pipeline.params_schema import check_params
+from pipeline.models.config import STRIDE_ABOVE, ModelConfig
+from pipeline.params.config import deep_merge, load_params
+from pipeline.params.schema import check_params
 
 
 def folder(root: Path, size: tuple[int, int], colour: bool, per_class: int = 4, jpeg: bool = False) -> Path:

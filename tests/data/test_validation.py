@@ -1,10 +1,10 @@
 import numpy as np
 
-from pipeline.config import ValidateConfig
 from pipeline.data.sources import load_digits
 from pipeline.data.splits import SplitPlan, make_splits, split_meta
 from pipeline.data.validation import validate_splits
 from pipeline.io import Split
+from pipeline.params.config import ValidateConfig
 
 CFG = ValidateConfig(class_share_tolerance=0.05, pixel_mean_min=1.0, pixel_mean_max=254.0, min_pixel_std=1.0,
                      max_duplicate_share=0.0)

@@ -66,7 +66,7 @@ def test_routing_verdict_in_every_run(tiny_repo):
     its predictor serves and why (the select stage's held-out decision), how predictable the right
     candidate is on route/calib, the oracle's headroom, the routed cascade against its static twin,
     and a sentence of verdict."""
-    from pipeline.routing_verdict import verdict_lines
+    from pipeline.evaluation.routing_verdict import verdict_lines
 
     evaluate = json.loads((tiny_repo / "metrics/evaluate.json").read_text())
     ingest = json.loads((tiny_repo / "metrics/ingest.json").read_text())

@@ -17,8 +17,8 @@ from dataclasses import asdict
 
 import yaml
 
-from pipeline import mlflow_models
-from pipeline.registry_heal import CHAMPION, COMPLETE, STATE_TAG
+from pipeline.registry import mlflow_models
+from pipeline.registry.heal import CHAMPION, COMPLETE, STATE_TAG
 from pipeline.train.lock import process_start, this_process
 from tests.e2e.conftest import env_for, run
 
@@ -133,7 +133,7 @@ def test_a_live_checkpoint_lock_is_refused(tiny_repo, tmp_path):
 
 _KILLED_REGISTER = """
 import os, signal, sys
-from pipeline import mlflow_models
+from pipeline.registry import mlflow_models
 mlflow_models.set_alias = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # right after the version
 from stages.register import main
 sys.exit(main(sys.argv[1:]))

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from pipeline import mlflow_models
-from pipeline.registry import CHALLENGER, CHAMPION
+from pipeline.registry import mlflow_models
+from pipeline.registry.register import CHALLENGER, CHAMPION
 from tests.e2e.conftest import repo_env, run
 from tests.team import ABSENT, postgres_registry
 

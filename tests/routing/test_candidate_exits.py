@@ -1,4 +1,4 @@
-"""Each routing candidate scored as a standalone exit behind the cascade (pipeline.evaluation)."""
+"""Each routing candidate scored as a standalone exit behind the cascade (pipeline.evaluation.figures)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.evaluation import candidate_correct, candidate_exits, routing_candidates, routing_oracle
+from pipeline.evaluation.figures import candidate_correct, candidate_exits, routing_candidates, routing_oracle
 from pipeline.io import write_json
 from tests.routing.conftest import images
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.choices import ConfigError
+from pipeline.params.choices import ConfigError
 from pipeline.routing.selection import (
     PRICES,
     PredictorConfig,

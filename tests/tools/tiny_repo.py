@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import deep_merge, load_params
+from pipeline.params.config import deep_merge, load_params
 
 ROOT = Path(__file__).resolve().parents[2]  # tests/tools/tiny_repo.py -> the repository root
 

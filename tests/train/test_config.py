@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.baselines import BaselineConfig
-from pipeline.params_schema import params_problems
+from pipeline.params.schema import params_problems
+from pipeline.train.baselines import BaselineConfig
 from pipeline.train.config import TrainConfig, epochs_for, epochs_note, sized_to
 from pipeline.train.outputs import epochs_trained
 

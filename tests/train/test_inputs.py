@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.config import ConfigError
 from pipeline.io import Split, write_json
 from pipeline.models.cascade import feature_shapes
 from pipeline.models.modules import build_module
 from pipeline.models.profile import CostModel
 from pipeline.models.store import ModuleInfo
+from pipeline.params.config import ConfigError
 from pipeline.train.inputs import (
     curriculum,
     distillation_targets,

@@ -1,0 +1,53 @@
+"""The shipped cascade against the other models of its run, on test (pipeline.evaluation.dominance)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.evaluation.dominance import dominance, std_error
+
+
+def results(
+    cascade: tuple[float, float],
+    exits: list[tuple[float, float]],
+    small: tuple[float, float],
+    large: tuple[float, float] = (0.95, 9e6),
+    two: tuple[float, float] = (0.94, 5e6),
+) -> dict:
+    row = lambda acc, macs: {"accuracy": acc, "mean_macs": macs}  # noqa: E731
+    return {
+        "cascade": row(*cascade),
+        "each_exit_alone": [{"exit": k + 1, **row(*e)} for k, e in enumerate(exits)],
+        "baselines": {"plain_small": row(*small), "plain_large": row(*large), "two_cnn_cascade": row(*two)},
+    }
+
+
+def test_a_cheaper_model_more_than_one_se_better_dominates():
+    r = results((0.80, 2e6), [(0.70, 1e6), (0.81, 3e6)], small=(0.86, 1.5e6))
+    out = dominance(r, 400)  # SE of 0.80 on 400 images: 2 points
+    assert out["dominated"] and out["dominated_by"] == ["plain_small"]
+    assert out["verdict"].startswith("DOMINATED: plain_small reads +6.00 points at 0.75x")
+    assert out["se"] == pytest.approx(math.sqrt(0.8 * 0.2 / 400))
+
+
+def test_within_one_se_or_costlier_is_not_domination():
+    r = results((0.80, 2e6), [(0.70, 1e6), (0.81, 3e6)], small=(0.815, 1.5e6))  # +1.5 points < 1 SE
+    out = dominance(r, 400)
+    assert not out["dominated"] and out["within_best_exit"] and out["verdict"].startswith("not dominated:")
+    assert not dominance(results((0.80, 2e6), [(0.70, 1e6), (0.99, 3e6)], small=(0.5, 1e6)), 400)["dominated"]
+
+
+def test_an_exit_alone_can_dominate_and_the_gap_to_the_best_exit_is_said():
+    r = results((0.90, 2e6), [(0.95, 1.9e6), (0.96, 3e6)], small=(0.5, 1e6))
+    out = dominance(r, 10_000)
+    assert out["dominated_by"] == ["exit 1 alone"] and out["gap_to_best_exit_pts"] == pytest.approx(6.0)
+    far = dominance(results((0.90, 2e6), [(0.5, 1e6), (0.96, 3e6)], small=(0.5, 1e6)), 10_000)
+    assert not far["dominated"] and not far["within_best_exit"] and "under its best exit" in far["verdict"]
+
+
+def test_std_error_needs_images():
+    assert std_error(0.5, 100) == pytest.approx(0.05)
+    with pytest.raises(ValueError):
+        std_error(0.5, 0)

@@ -1,0 +1,35 @@
+"""Request limits of the served model (pipeline.registry.payload): a request is refused from its headers before
+any pixel is decoded when its images declare more pixels in all than the per-request budget."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.registry.payload import MAX_REQUEST_BYTES, MAX_REQUEST_PIXELS, decode_payload, encode_png
+
+
+def test_a_request_of_small_files_declaring_huge_images_is_refused_before_decoding() -> None:
+    """A 4096 x 4096 black PNG is about 16 KB; 768 copies fit under the byte limit and declare
+    12.9 G pixels (the reviewer's request that tied the server up for 60 s)."""
+    big = base64.b64encode(encode_png(np.zeros((1, 4096, 4096), dtype=np.uint8))).decode("ascii")
+    copies = MAX_REQUEST_BYTES // len(big)
+    assert copies >= 700  # the request is under the byte limit
+    frame = pd.DataFrame({"image": [big] * copies})
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"declare [\d,]+ pixels in all .* over the limit of 67,108,864"):
+        decode_payload(frame, (1, 28, 28))
+    assert time.perf_counter() - start < 2.0
+
+
+def test_the_pixel_budget_counts_both_forms_and_admits_what_fits() -> None:
+    small = base64.b64encode(encode_png(np.zeros((1, 28, 28), dtype=np.uint8))).decode("ascii")
+    frame = pd.DataFrame({"image": [small, None], "pixels": [None, np.zeros((28, 28), dtype=np.uint8)]})
+    assert decode_payload(frame, (1, 28, 28)).shape == (2, 1, 28, 28)
+    with pytest.raises(ValueError, match="declare 1,568 pixels in all"):
+        decode_payload(frame, (1, 28, 28), max_request_pixels=1000)
+    assert MAX_REQUEST_PIXELS >= 4096 * 4096  # one image at the per-image limit always fits
