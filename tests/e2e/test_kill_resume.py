@@ -2,7 +2,9 @@
 crashed machine or `kill -9` would), then run again: it takes over the stale checkpoint lock, resumes
 from the last epoch checkpoint and ends with the same bytes as the uninterrupted run of the shared tiny
 repo, leaving nothing behind. A live lock holder is refused; the dvc process killed alone leaves no
-process; `register` killed right after creating its version is healed by the rerun."""
+process. The train stage and `register` SIGKILLed at each point where they write state (a wrapper
+replaces one library function by one that kills its own process), then rerun by `dvc repro`: the same
+bytes, one champion, every version complete, nothing left behind."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import time
 from dataclasses import asdict
 
+import pytest
 import yaml
 
 from pipeline.registry import mlflow_models
@@ -134,16 +137,32 @@ def test_a_live_checkpoint_lock_is_refused(tiny_repo, tmp_path):
 _KILLED_REGISTER = """
 import os, signal, sys
 from pipeline.registry import mlflow_models
-mlflow_models.set_alias = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # right after the version
-from stages.register import main
-sys.exit(main(sys.argv[1:]))
+import stages.register as stage
+target, attr, call = {target}, {attr!r}, {call}
+real, calls = getattr(target, attr), []
+def dying(*args, **kwargs):  # the call-th call dies before it does anything
+    calls.append(1)
+    if len(calls) == call:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+setattr(target, attr, dying)
+sys.exit(stage.main(sys.argv[1:]))
 """
+# point -> (the function killed at its n-th call, what the killed run left: its version's state and aliases)
+REGISTER_KILLS = {
+    "created": (("mlflow_models", "set_alias", 1), ("incomplete", [])),
+    "challenger_set": (("mlflow_models", "set_alias", 2), ("incomplete", ["challenger"])),
+    "aliases_set": (("mlflow_models", "set_version_tag", 1), ("incomplete", ["challenger", "champion"])),
+    "complete": (("stage", "write_json", 1), (COMPLETE, ["challenger", "champion"])),  # before register.json
+}
 
 
-def test_register_killed_after_creating_its_version_is_healed(tiny_repo, tmp_path, monkeypatch):
-    """`register` SIGKILLed between creating its version and setting its aliases (on the copy's own
-    SQLite store), then `dvc repro`: the rerun finishes the killed version, registers its own, and
-    leaves one champion and every version complete."""
+@pytest.mark.parametrize("point", list(REGISTER_KILLS))
+def test_register_killed_at_each_point_is_healed(point, tiny_repo, tmp_path, monkeypatch):
+    """`register` SIGKILLed at each point after creating its version (before its challenger alias,
+    between challenger and champion, before its complete tag, before register.json is written; on the
+    copy's own SQLite store), then `dvc repro`: the rerun finishes the killed version, registers its own,
+    and leaves one champion, every version complete and no process."""
     repo = tmp_path / "repo"
     shutil.copytree(tiny_repo, repo, symlinks=True)
     stage = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["register"]["cmd"].split()
@@ -153,20 +172,119 @@ def test_register_killed_after_creating_its_version_is_healed(tiny_repo, tmp_pat
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the copy's own mlflow.db (empty on a team server)
     before = len(mlflow_models.model_versions(name, root=repo))
     out.unlink()  # as dvc does before it runs the stage
-    killed = run(["python", "-c", _KILLED_REGISTER, *stage[3:]], repo, check=False)
+    (target, attr, call), left_as = REGISTER_KILLS[point]
+    wrapper = _KILLED_REGISTER.format(target=target, attr=attr, call=call)
+    killed = run(["python", "-c", wrapper, *stage[3:]], repo, check=False)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not out.exists()
     left = mlflow_models.model_versions(name, root=repo)[before:]
-    assert [(v["tags"].get(STATE_TAG), v["aliases"]) for v in left] == [("incomplete", [])], left
+    assert [(v["tags"].get(STATE_TAG), v["aliases"]) for v in left] == [left_as], left
 
     rerun = run(["dvc", "repro", "-s", "register"], repo)
-    assert f"register: {name} v{before + 1} was left incomplete by a killed run: finished" in rerun.stdout, \
-        rerun.stdout[-2000:]
-    versions = mlflow_models.model_versions(name, root=repo)[before:]
-    assert [v["tags"].get(STATE_TAG) for v in versions] == [COMPLETE, COMPLETE], versions
-    assert [v["aliases"] for v in versions] == [[], ["challenger", "champion"]]  # finished, then superseded
+    healed = f"register: {name} v{before + 1} was left incomplete by a killed run: finished"
+    assert (healed in rerun.stdout) == (left_as[0] != COMPLETE), rerun.stdout[-2000:]
+    every = mlflow_models.model_versions(name, root=repo)
+    assert [v["tags"].get(STATE_TAG) for v in every[before:]] == [COMPLETE, COMPLETE], every
+    assert [v["aliases"] for v in every[before:]] == [[], ["challenger", "champion"]]  # finished, superseded
+    assert [int(v["version"]) for v in every if CHAMPION in v["aliases"]] == [before + 2]  # one champion
     decision = json.loads(out.read_text())
     assert decision["version"] == before + 2 and decision["previous_champion"] == before + 1, decision
     champion = mlflow_models.get_version_by_alias(name, CHAMPION, root=repo)
     assert champion is not None and int(champion["version"]) == before + 2
+    assert not _processes_in(repo), "a process left working in the repo"
 
+
+_KILLED_TRAIN = """
+import os, signal, sys
+import stages.train as stage
+from pipeline.train import lock, loop
+
+
+def killed(real, *, after):  # does real's work first when after, then SIGKILLs this process
+    def call(*args, **kwargs):
+        if after:
+            real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return call
+
+
+{patch}
+sys.exit(stage.main(sys.argv[1:]))
+"""
+_KILL_AT_RENAME = """
+real_replace = os.replace
+def replace(src, dst, *args, **kwargs):  # {name}'s temporary is complete, not yet renamed into place: die
+    if os.path.basename(dst) == "{name}":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst, *args, **kwargs)
+os.replace = replace
+"""
+# point -> (the patch, whether the rerun resumes from a checkpoint)
+TRAIN_KILLS = {
+    "lock_created_empty": ("lock._open_locked = killed(lock._open_locked, after=True)", False),
+    "before_first_checkpoint": ("loop.save_training_state = killed(loop.save_training_state, after=False)",
+                                False),
+    "checkpoint_tmp_not_renamed": (_KILL_AT_RENAME.replace("{name}", "epoch_0002.pt"), True),
+    "outputs_in_temporary_folder": ("stage.write_train_outputs = killed(stage.write_train_outputs, after=True)",
+                                    True),
+    "metrics_tmp_not_renamed": (_KILL_AT_RENAME.replace("{name}", "train_m2.json"), True),
+    "outputs_in_place": ("stage.discard_checkpoints = killed(stage.discard_checkpoints, after=False)", True),
+    "checkpoints_discarded": ("stage.discard_checkpoints = killed(stage.discard_checkpoints, after=True)",
+                              False),
+}
+
+
+def _killed_state(point: str, repo) -> None:
+    """What the kill at ``point`` must have left (the injection hit where it says it does)."""
+    cache, m2 = repo / ".cache" / "train", repo / "models" / "modules" / "m2"
+    lock, temporaries = cache / "m2.lock", list(m2.glob(".train.*"))
+    placed = (m2 / "train" / "module.pt").exists()
+    metrics = bool(list((repo / "metrics").glob(".train_m2.json.*")))  # write_json's temporary folder
+    saved = sorted("tmp" if p.name.endswith(".tmp") else "pt" for p in cache.glob("m2-*/*"))  # dotfiles too
+    assert lock.exists(), f"{point}: the killed run left no lock"
+    assert bool(lock.read_text()) == (point != "lock_created_empty"), lock.read_text()
+    expected = {  # (a temporary output folder, checkpoint files, outputs in place, a temporary metrics folder)
+        "lock_created_empty": (False, [], False, False),
+        "before_first_checkpoint": (True, [], False, False),
+        "checkpoint_tmp_not_renamed": (True, ["pt", "tmp"], False, False),  # epoch 1's, epoch 2's temporary
+        "outputs_in_temporary_folder": (True, ["pt"], False, False),  # the last epoch's
+        "metrics_tmp_not_renamed": (True, ["pt"], False, True),
+        "outputs_in_place": (False, ["pt"], True, False),
+        "checkpoints_discarded": (False, [], True, False),
+    }[point]
+    got = (bool(temporaries), saved, placed, metrics)
+    assert got == expected, f"{point}: the kill left {got}, not {expected}"
+
+
+@pytest.mark.parametrize("point", list(TRAIN_KILLS))
+def test_train_killed_at_each_write_point_reruns_to_the_same_bytes(point, tiny_repo, tmp_path):
+    """`python -m stages.train` for m2 SIGKILLed at each point where it writes state (its lock half
+    written; the lock held before any checkpoint; a checkpoint's temporary file not yet renamed; the
+    outputs in their temporary folder; the metrics' temporary file not yet renamed; the outputs in place
+    (metrics too), checkpoints not yet removed; the checkpoints removed, the lock not yet), then
+    `dvc repro -s train@m2`: the rerun succeeds with the uninterrupted run's bytes and leaves no
+    checkpoint, lock, temporary folder or process."""
+    repo = tmp_path / "repo"
+    shutil.copytree(tiny_repo, repo, symlinks=True)
+    uninterrupted = _lock_outs(repo, "train@m2")
+    cmd = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]["train"]["do"]["cmd"]
+    stage = cmd.replace("${key}", "m2").split()
+    assert stage[:3] == ["python", "-m", "stages.train"] and "${" not in cmd.replace("${key}", "")
+    for out in yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train@m2"]["outs"]:
+        path = repo / out["path"]  # removed as dvc does before it runs the stage
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    patch, resumes = TRAIN_KILLS[point]
+    killed = run(["python", "-c", _KILLED_TRAIN.replace("{patch}", patch), *stage[3:]], repo, check=False)
+    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    _killed_state(point, repo)
+
+    rerun = run(["dvc", "repro", "-s", "train@m2"], repo)
+    assert "Running stage 'train@m2'" in rerun.stdout, rerun.stdout[-2000:]
+    assert ("resuming from the checkpoint" in rerun.stdout) == resumes, rerun.stdout[-2000:]
+    assert _lock_outs(repo, "train@m2") == uninterrupted  # bitwise the uninterrupted run's output
+    cache = repo / ".cache" / "train"
+    assert not list(cache.glob("m2-*")), "checkpoints left behind"
+    assert not (cache / "m2.lock").exists(), "the lock outlived the stage"
+    assert not list((repo / "models" / "modules" / "m2").glob(".train.*")), "a temporary folder left behind"
+    assert not list((repo / "metrics").glob(".train_m2.json.*")), "a temporary metrics folder left behind"
+    assert not _processes_in(repo), "a process left working in the repo"
