@@ -12,7 +12,6 @@ prints the seconds per recipe.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -41,9 +40,8 @@ def held_out_accuracy(recipe: str, x: np.ndarray, y: np.ndarray, n_train: int) -
     width, epochs, lr, clip = recipe.split(":")
     flat = x[:n_train].reshape(n_train, x.shape[1], -1) / 255.0
     mean, std = flat.mean((0, 2)).tolist(), flat.std((0, 2)).tolist()
-    cfg = BaselineConfig(small_width=1, large_width=int(width), epochs=int(epochs), batch_size=64, lr=float(lr))
-    base = cfg.train_config
-    object.__setattr__(cfg, "train_config", lambda seed: dataclasses.replace(base(seed), grad_clip=float(clip)))
+    cfg = BaselineConfig(small_width=1, large_width=int(width), epochs=int(epochs), batch_size=64, lr=float(lr),
+                         grad_clip=float(clip))
     model = train_baseline(int(width), x[:n_train], y[:n_train], mean, std, len(SHAPES), cfg, 0, progress=False)
     logits, _ = plain_outputs(model, x[n_train:], mean, std)
     return float((logits.argmax(1).numpy() == y[n_train:]).mean())

@@ -238,6 +238,7 @@ BASELINES = {
     "crop_padding": Int(ge=0, default=2),
     "flip": Bool(default=True),
     "label_smoothing": Number(ge=0, lt=1, default=0.0),
+    "grad_clip": Number(ge=0, default=0.0, doc="clip the gradients' global norm to this (0: off)"),
 }
 
 

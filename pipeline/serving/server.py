@@ -116,7 +116,7 @@ def build_server(config: ServeConfig) -> Any:
 
     api = CascadeAPI(config)
     return ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=config.limits.timeout,
-                        fast_queue=True, middlewares=[(GuardMiddleware, {"limits": config.limits})],
+                        middlewares=[(GuardMiddleware, {"limits": config.limits})],
                         model_metadata={"engine": config.engine, "model": os.fspath(config.model_dir),
                                         "exits": config.exits})
 

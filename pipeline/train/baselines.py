@@ -88,7 +88,7 @@ def plain_macs(module: PlainCNN, image_shape: Sequence[int]) -> int:
 # ----------------------------------------------------------------------------------------- config
 
 
-_FLOATS = ("lr", "momentum", "weight_decay", "warmup_epochs", "label_smoothing")
+_FLOATS = ("lr", "momentum", "weight_decay", "warmup_epochs", "label_smoothing", "grad_clip")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,7 @@ class BaselineConfig:
     crop_padding: int = 2
     flip: bool = True
     label_smoothing: float = 0.0
+    grad_clip: float = 0.0
 
     def __post_init__(self) -> None:
         problems = section_problems({f.name: getattr(self, f.name) for f in fields(self)}, "baselines")
@@ -130,7 +131,8 @@ class BaselineConfig:
         return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
                            weight_decay=self.weight_decay, schedule=self.schedule,
                            warmup_epochs=self.warmup_epochs, crop_padding=self.crop_padding, flip=self.flip,
-                           lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing)
+                           lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing,
+                           grad_clip=self.grad_clip)
 
 
 def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str, float, str]:

@@ -121,6 +121,9 @@ def test_config_defaults_and_train_config() -> None:
     assert (train.lam, train.mu, train.seed, train.epochs) == (0.0, 0.0, 7, 2)
     assert (train.lr, train.flip) == (1.0, False)
     assert (train.crop_padding, train.warmup_epochs, train.schedule) == (2, 0.2, "cosine")
+    assert train.grad_clip == 0.0
+    clipped = BaselineConfig.from_dict({"grad_clip": 1}).train_config(0)
+    assert isinstance(clipped.grad_clip, float) and clipped.grad_clip == 1.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.epochs = 3  # type: ignore[misc]
 
@@ -137,7 +140,7 @@ def test_config_rejects_unknown_keys_naming_them() -> None:
     ("small_width", 0), ("small_width", 2.5), ("large_width", 4), ("epochs", 0), ("epochs", True),
     ("batch_size", -1), ("lr", 0), ("lr", "0.1"), ("momentum", 1.0), ("weight_decay", -1e-4),
     ("schedule", "linear"), ("warmup_epochs", 8), ("crop_padding", -1), ("flip", "yes"),
-    ("label_smoothing", 1.0), ("lr", float("nan")),
+    ("label_smoothing", 1.0), ("lr", float("nan")), ("grad_clip", -1.0),
 ])
 def test_config_rejects_bad_values_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"params: baselines\.{key} must be"):
