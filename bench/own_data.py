@@ -69,6 +69,14 @@ def env_for(repo: Path) -> dict[str, str]:
     }
 
 
+def dominated_cell(run: dict[str, Any]) -> str:
+    """The table's "dominated by" cell: the dominating models, else those nearly so (``near: ...``)."""
+    if run["dominated_by"]:
+        return ", ".join(run["dominated_by"])
+    near = run.get("nearly_dominated_by") or []  # absent in results written before it existed
+    return f"near: {', '.join(near)}" if near else "-"
+
+
 def rows_of(evaluation: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Every model a run can ship, as name -> {accuracy, mean_macs}, read from metrics/evaluate.json."""
     rows = {"cascade": evaluation["cascade"]}
@@ -93,6 +101,7 @@ def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
         "mean_macs": verdict["mean_macs"],
         "se": verdict["se"],
         "dominated_by": verdict["dominated_by"],
+        "nearly_dominated_by": verdict["nearly_dominated_by"],
         "best_exit_accuracy": verdict["best_exit_accuracy"],
         "within_best_exit": verdict["within_best_exit"],
         "rows": rows_of(evaluation),
@@ -212,7 +221,7 @@ def table(runs: list[dict[str, Any]]) -> str:
             f"| {r['folder']} | {r['seed']} | {shape} | {r['shipped']} | {100 * r['accuracy']:.2f}% "
             f"({100 * r['se']:.2f}) | {r['mean_macs'] / 1e6:.2f} M | {cell(rows['cascade'])} | {cell(best)} "
             f"| {cell(rows['plain_small'])} | {cell(rows['plain_large'])} | {cell(rows['two_cnn_cascade'])} "
-            f"| {', '.join(r['dominated_by']) or '-'} | {r['pipeline_s'] / 60:.1f} |"
+            f"| {dominated_cell(r)} | {r['pipeline_s'] / 60:.1f} |"
         )
     return "\n".join(lines)
 

@@ -34,6 +34,13 @@ def test_judge_finds_who_dominates_and_the_gap_to_the_best_exit():
     assert "| f | 0 | 3x48x48 | cascade | 80.00%" in table(runs)
     assert summary(runs)["never_dominated"] is False
     assert summary(runs)["mean_macs_share_of_plain_large"] == pytest.approx(0.25)
+    dearer = evaluation(0.80, [0.75, 0.80, 0.80], small=0.86)
+    dearer["baselines"]["plain_small"]["mean_macs"] = 2.1e6  # 6 points better at 1.05x the MACs
+    near = judge(dearer)
+    assert near["dominated_by"] == [] and near["nearly_dominated_by"] == ["plain_small"]
+    near_runs = [{"folder": "g", "seed": 1, "pipeline_s": 60.0, "input": {"shape": [3, 64, 64]}, **near}]
+    assert "| near: plain_small | 1.0 |" in table(near_runs)
+    assert summary(near_runs)["never_dominated"] is True  # the rule; the table names the near miss
 
 
 def test_the_scenes_and_the_colourised_garments_are_what_they_say():

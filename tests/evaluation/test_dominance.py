@@ -51,3 +51,16 @@ def test_std_error_needs_images():
     assert std_error(0.5, 100) == pytest.approx(0.05)
     with pytest.raises(ValueError):
         std_error(0.5, 0)
+
+
+def test_a_better_model_at_nearly_the_same_cost_is_named_not_hidden():
+    # bench.own_data's scenes, seed 1: plain_small 18 points better at 1.01x the cascade's MACs
+    r = results((0.54, 2.18e6), [(0.30, 1.0e6), (0.54, 2.19e6)], small=(0.72, 2.21e6), two=(0.88, 15e6))
+    out = dominance(r, 480)
+    assert not out["dominated"] and out["nearly_dominated_by"] == ["plain_small"]
+    assert out["verdict"].startswith("not dominated by the rule")
+    assert "plain_small reads +18.00 points at 1.01x" in out["verdict"]
+    farther = dominance(results((0.54, 2.18e6), [(0.30, 1e6), (0.54, 2.19e6)], small=(0.72, 2.5e6)), 480)
+    assert farther["nearly_dominated_by"] == [] and farther["verdict"].startswith("not dominated:")
+    both = dominance(results((0.54, 2.18e6), [(0.70, 2e6), (0.54, 2.19e6)], small=(0.72, 2.21e6)), 480)
+    assert both["dominated_by"] == ["exit 1 alone"] and both["verdict"].startswith("DOMINATED")
