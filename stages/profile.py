@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     if spec.modules[0].stride != model.specs[0].stride:
         print(f"profile: {channels}x{size}x{size} input is over {STRIDE_ABOVE} px: module 1 enters at stride "
               f"{spec.modules[0].stride} (feature maps {spec.modules[0].channels}x{(size + 1) // 2}x"
-              f"{(size + 1) // 2})", flush=True)
+              f"{(size + 1) // 2}) with {spec.modules[0].layers} layers before its exit", flush=True)
     with stage_run("profile", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"modules": params["modules"], "profile": params.get("profile", {}),
                            "device": str(device)}) as run:

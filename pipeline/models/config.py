@@ -1,5 +1,5 @@
 """The ``modules`` and ``model`` params sections as a typed config: each module's spec and how
-confidence is read off an exit, and the one rule by which module 1 strides on large images."""
+confidence is read off an exit, and the one rule by which module 1 strides (and deepens) on large images."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ from pipeline.params.schema import SCHEMA
 from pipeline.params.settings import settings
 
 STRIDE_ABOVE = 32  # images larger than this (px) enter module 1 at stride 2 (ModelConfig.for_input)
+# ... and module 1 then runs this many more layers before its exit: at half the side a layer costs a quarter,
+# and exit 1 sees a receptive field in proportion to the larger image. On 2,400 drawn scenes at 64 px (small
+# shapes among clutter) one layer left module 1's features too local for anything built on them (exit 2
+# 29.7% on calib); three layers: 72.9% (docs/RESULTS.md "Depth before the first exit").
+STRIDE_EXTRA_LAYERS = 2
 
 
 @dataclass(frozen=True)
@@ -43,12 +48,16 @@ class ModelConfig:
 
     def for_input(self, image_size: int) -> ModelConfig:
         """The modules for images of ``image_size`` px: above ``STRIDE_ABOVE``, module 1 enters at stride 2
-        (its transition halves the side, so 48 px costs what 24 px does) unless its spec already strides;
-        at or below it, the specs as params give them. Profile and train build from this one rule."""
+        (its transition halves the side, so 48 px costs what 24 px does) and, a fixed module, runs
+        ``STRIDE_EXTRA_LAYERS`` more layers (a supernet keeps the search space params give it), unless its
+        spec already strides; at or below it, the specs as params give them.
+        Profile and train build from this one rule."""
         first = self.specs[0]
         if image_size <= STRIDE_ABOVE or first.stride != 1:
             return self
-        return dataclasses.replace(self, specs=(dataclasses.replace(first, stride=2), *self.specs[1:]))
+        extra = STRIDE_EXTRA_LAYERS if first.kind == "fixed" else 0
+        deeper = dataclasses.replace(first, stride=2, layers=first.layers + extra)
+        return dataclasses.replace(self, specs=(deeper, *self.specs[1:]))
 
     def cascade_spec(self, in_channels: int, num_classes: int, image_size: int) -> CascadeSpec:
         return CascadeSpec(in_channels, num_classes, image_size, self.for_input(image_size).specs)

@@ -17,7 +17,7 @@ from pipeline.data.input_shape import (
     sample_files,
 )
 from pipeline.data.sources import DataError
-from pipeline.models.config import STRIDE_ABOVE, ModelConfig
+from pipeline.models.config import STRIDE_ABOVE, STRIDE_EXTRA_LAYERS, ModelConfig
 from pipeline.params.config import deep_merge, load_params
 from pipeline.params.schema import check_params
 
@@ -117,4 +117,5 @@ def test_module_1_strides_on_large_images_only():
     model = ModelConfig.from_params(load_params("params.yaml"))
     assert model.for_input(28) is model and model.for_input(STRIDE_ABOVE) is model
     assert model.for_input(48).specs[0].stride == 2 and model.for_input(48).specs[1:] == model.specs[1:]
+    assert model.for_input(48).specs[0].layers == model.specs[0].layers + STRIDE_EXTRA_LAYERS > model.specs[0].layers
     assert model.cascade_spec(3, 5, 64).modules[0].stride == 2
