@@ -97,7 +97,7 @@ VARIANTS: dict[str, Runner] = {
     "B, around 0.5": _b(DEFAULTS, around=0.5),
     "B, around 1": _b(DEFAULTS, around=1.0),
     "B, age 32": _b(DEFAULTS, age=32),
-    "B, restart after 30": _b(DEFAULTS, restart_after=30),
+    "B, no restarts": _b(DEFAULTS, restart_after=None),
     "B, initial 24": _b(DEFAULTS, initial=24),
 }
 SCALES = {"synthetic x1": (1.0, 0.0), "synthetic x0.01": (0.01, 0.0), "synthetic x100": (100.0, 0.0),

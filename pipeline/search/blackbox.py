@@ -115,7 +115,7 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     ``pool_factor * m`` (the original rule) instead of shrinking it with P's entropy. When
     ``restart_after`` iterations in a row improve on nothing this restart has seen (or bring no new
     architecture), P has converged: it restarts from the prior, keeping every value (``None``: no
-    restarts, the default; the search then ends as ``converged`` after 50 iterations without a new
+    restarts; the search then ends as ``converged`` after 50 iterations without a new
     architecture).
     ``callback(evaluation)`` runs after every evaluation; ``stop(evaluation)`` ends the search when
     it returns True. ``result.error`` holds an exception raised by ``evaluate`` (the search ends,
@@ -123,7 +123,8 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     ``around`` (default 0.875: 7 of 8) of the m picks are drawn from P around the ``centres`` (8) best of
     the last ``age`` (20; None: all) archs this restart scored, by rank weight, with one decision redrawn
     from P (``rate=None``; a number: each decision with that probability; ``"entropy"``: annealed with
-    P's entropy), :mod:`pipeline.search.neighbourhood`; with these the default has no restarts.
+    P's entropy), :mod:`pipeline.search.neighbourhood`; with these the default restarts only after 30
+    iterations.
     Variants, off by default: ``structure="tree"`` (a Chow-Liu tree over pair tables fitted by the same
     MLE, :mod:`pipeline.search.treemodel`), ``initial`` (points of the first iteration), ``elite`` (the
     restart's best archs join each fit) and ``local`` (that fraction of the m picks are one-change

@@ -201,5 +201,9 @@ def test_converged_model_restarts_and_keeps_searching(space: SearchSpace) -> Non
     assert any(r.get("restart") for r in restarted.iterations)
     stuck = search(space, evaluate, budget=256, seed=2, restart_after=None, around=0.0)
     assert stuck.stopped == "converged" and stuck.evaluations < 256
+    # the default (picks around the recent best archs) needs its late restarts to leave the basin
+    found = search(space, evaluate, budget=256, seed=2, stop=lambda e: e.value == 100.0)
+    assert found.stopped == "stop" and any(r.get("restart") for r in found.iterations)
+    assert search(space, evaluate, budget=256, seed=2, restart_after=None).stopped == "converged"
     with pytest.raises(ValueError):
         search(space, evaluate, budget=5, restart_after=0)

@@ -84,7 +84,7 @@ def objective():
     return make_synthetic(np.random.default_rng(3))
 
 
-@pytest.mark.parametrize("variant", [{"around": 0.875, "centres": 8, "age": 20, "restart_after": None},
+@pytest.mark.parametrize("variant", [{}, {"around": 0.875, "centres": 8, "age": 20, "restart_after": None},
                                      {"around": 0.5, "rate": 0.2, "initial": 16},
                                      {"structure": "tree", "around": 0.5}])
 def test_the_new_settings_resume_through_json_and_match_search(objective, variant) -> None:
