@@ -126,7 +126,7 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     P's entropy), :mod:`pipeline.search.neighbourhood`; with these the default restarts only after 30
     iterations.
     Variants, off by default: ``structure="tree"`` (a Chow-Liu tree over pair tables fitted by the same
-    MLE, :mod:`pipeline.search.treemodel`), ``initial`` (points of the first iteration), ``elite`` (the
+    MLE, :mod:`pipeline.search.treemodel`), ``initial`` (points of each restart's first iteration), ``elite`` (the
     restart's best archs join each fit) and ``local`` (that fraction of the m picks are one-change
     neighbours of the restart's best arch); ``around=0.0, restart_after=10`` is the default before
     issue 40 (``pipeline.search.asktell.BEFORE_40``).
