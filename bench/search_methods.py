@@ -7,8 +7,9 @@ Benchmarks (each repeated over seeds; a miss within the budget counts as the bud
                                         of 9 choices, 26,206 networks), every encoding scored as its network
   tabular raw keys:<name>               the same, only the table's own keys valid (56% of points invalid)
 Methods: ours (the default of pipeline.search.search: rank utilities, the entropy-maximising
-Latin-hypercube pick, restarts), ours with plain draws of P, ours with the first entropy pick (greedy
-over a pool of draws, the pool shrinking with P's entropy, and fixed), the original update
+Latin-hypercube pick, since issue 40 7 of 8 picks drawn from P around the recent best archs); as
+before issue 40 (no picks around the best, restarts): ours with plain draws of P, ours with the first
+entropy pick (greedy over a pool of draws, the pool shrinking with P's entropy, and fixed), the original update
 (softmax(perf / T) on raw scores, T 0.2, fixed greedy pool, no restarts: the brief's first build),
 random search, a plain estimation-of-distribution baseline (50 plain draws, the best quarter,
 mixed in at rate 0.1), and the NAS literature's baselines (bench/search_baselines.py): regularized
@@ -40,38 +41,64 @@ import numpy as np
 
 from bench.search_baselines import TPE_TRIALS, local_search, regularized_evolution, tpe
 from pipeline.io import write_json
+from pipeline.search.asktell import BEFORE_40, DEFAULTS
 from pipeline.search.blackbox import SearchResult, random_search, search
 from pipeline.search.space import Arch, SearchSpace
 from pipeline.search.synthetic import make_synthetic
 
 Runner = Callable[..., SearchResult]  # (space, objective, budget, seed, stop) -> SearchResult
 
+# The pick ablations and the original update are of the default before issue 40 (BEFORE_40: no picks around the best,
+# restarts after 10), as docs/RESULTS.md's "Method B on its own" measured them.
+_OLD = {k: v for k, v in BEFORE_40.items() if k in ("restart_after", "around", "age")}
 METHODS: dict[str, Runner] = {
     "ours (default)": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, stop=stop),
-    "ours, plain pick": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, pick="plain", stop=stop),
-    "ours, greedy pick": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, pick="greedy", stop=stop),
+    "ours, plain pick": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, pick="plain", stop=stop,
+                                                           **_OLD),
+    "ours, greedy pick": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, pick="greedy", stop=stop,
+                                                            **_OLD),
     "ours, greedy pick, fixed pool": lambda s, f, b, seed, stop: search(
-        s, f, budget=b, seed=seed, pick="greedy", shrink_pool=False, stop=stop),
+        s, f, budget=b, seed=seed, pick="greedy", shrink_pool=False, stop=stop, **_OLD),
     "original (softmax T=0.2)": lambda s, f, b, seed, stop: search(
         s, f, budget=b, seed=seed, m=16, pick="greedy", utility="softmax", temperature=0.2, smoothing=0.1,
-        step=0.5, pool_factor=8, shrink_pool=False, restart_after=None, stop=stop),
+        step=0.5, pool_factor=8, shrink_pool=False, restart_after=None, around=0.0, stop=stop),
     "random search": lambda s, f, b, seed, stop: random_search(s, f, budget=b, seed=seed, stop=stop),
     "EDA (50, best 1/4, 0.1)": lambda s, f, b, seed, stop: search(
         s, f, budget=b, seed=seed, m=50, pick="plain", utility="elite", step=0.1, smoothing=0.0,
-        restart_after=None, stop=stop),
+        restart_after=None, around=0.0, stop=stop),
     "regularized evolution": lambda s, f, b, seed, stop: regularized_evolution(s, f, budget=b, seed=seed, stop=stop),
     "local search": lambda s, f, b, seed, stop: local_search(s, f, budget=b, seed=seed, stop=stop),
     "TPE (optuna)": lambda s, f, b, seed, stop: tpe(s, f, budget=b, seed=seed, stop=stop),
 }
-# Variants of method B tried for issue 40 (docs/RESULTS.md); not the default unless DEFAULTS says so.
+
+
+def _b(base: dict[str, Any], **settings: Any) -> Runner:
+    """Method B with ``base`` (a settings dict of pipeline.search.asktell) updated by ``settings``."""
+    kw = {k: v for k, v in (base | settings).items() if k in BEFORE_40}
+    return lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, stop=stop, **kw)
+
+
+# Variants of method B tried for issue 40 (docs/RESULTS.md); "before 40" is the default it started from (a product
+# of marginals, restarts after 10, no picks around the best), the earlier variants are on top of it, the later
+# ones on top of the new default. Not the default unless DEFAULTS says so.
 VARIANTS: dict[str, Runner] = {
-    "B, elite 4": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, elite=4, stop=stop),
-    "B, local 0.25": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, local=0.25, stop=stop),
-    "B, local 0.5": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, local=0.5, stop=stop),
-    "B, elite 4, local 0.25": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, elite=4, local=0.25,
-                                                                 stop=stop),
-    "B, m 4": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, m=4, stop=stop),
-    "B, restart after 5": lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, restart_after=5, stop=stop),
+    "B, before 40": _b(BEFORE_40),
+    "B, before 40, elite 4": _b(BEFORE_40, elite=4),
+    "B, before 40, local 0.25": _b(BEFORE_40, local=0.25),
+    "B, before 40, local 0.5": _b(BEFORE_40, local=0.5),
+    "B, before 40, elite 4, local 0.25": _b(BEFORE_40, elite=4, local=0.25),
+    "B, before 40, m 4": _b(BEFORE_40, m=4),
+    "B, before 40, restart after 5": _b(BEFORE_40, restart_after=5),
+    "B, before 40, tree": _b(BEFORE_40, structure="tree"),
+    "B, before 40, tree, around 0.5 rate 0.2": _b(BEFORE_40, structure="tree", around=0.5, rate=0.2, centres=4),
+    "B, before 40, around 0.5 annealed": _b(BEFORE_40, around=0.5, rate="entropy", centres=4),
+    "B, before 40, around 0.5 rate 0.2": _b(BEFORE_40, around=0.5, rate=0.2, centres=4),
+    "B, around 0.75 rate 0.2 centres 4": _b(DEFAULTS, around=0.75, rate=0.2, centres=4),
+    "B, around 0.5": _b(DEFAULTS, around=0.5),
+    "B, around 1": _b(DEFAULTS, around=1.0),
+    "B, age 32": _b(DEFAULTS, age=32),
+    "B, no restarts": _b(DEFAULTS, restart_after=None),
+    "B, initial 24": _b(DEFAULTS, initial=24),
 }
 SCALES = {"synthetic x1": (1.0, 0.0), "synthetic x0.01": (0.01, 0.0), "synthetic x100": (100.0, 0.0),
           "synthetic +1000": (1.0, 1000.0)}

@@ -101,7 +101,10 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
            shrink_pool: bool = True, restart_after: int | None = DEFAULTS["restart_after"],
            prior: ProbModel | None = None, callback: Callable[[Evaluation], Any] | None = None,
            stop: Callable[[Evaluation], bool] | None = None, executor: Executor | None = None,
-           elite: int = DEFAULTS["elite"], local: float = DEFAULTS["local"]) -> SearchResult:
+           elite: int = DEFAULTS["elite"], local: float = DEFAULTS["local"], around: float = DEFAULTS["around"],
+           centres: int = DEFAULTS["centres"], rate: float | str | None = DEFAULTS["rate"],
+           structure: str = DEFAULTS["structure"], age: int | None = DEFAULTS["age"],
+           initial: int | None = DEFAULTS["initial"]) -> SearchResult:
     """Method B on a black-box objective: at most ``budget`` distinct evaluations.
 
     Each iteration picks m distinct archs from P (``pick``: ``"entropy"``, the entropy-maximising
@@ -112,12 +115,21 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     ``pool_factor * m`` (the original rule) instead of shrinking it with P's entropy. When
     ``restart_after`` iterations in a row improve on nothing this restart has seen (or bring no new
     architecture), P has converged: it restarts from the prior, keeping every value (``None``: no
-    restarts; the search then ends as ``converged`` after 50 iterations without a new architecture).
+    restarts; the search then ends as ``converged`` after 50 iterations without a new
+    architecture).
     ``callback(evaluation)`` runs after every evaluation; ``stop(evaluation)`` ends the search when
     it returns True. ``result.error`` holds an exception raised by ``evaluate`` (the search ends,
-    the history is kept); check ``result.stopped``. Issue 40's variants, off by default: ``elite`` (the
+    the history is kept); check ``result.stopped``. Issue 40: once an iteration has been scored,
+    ``around`` (default 0.875: 7 of 8) of the m picks are drawn from P around the ``centres`` (8) best of
+    the last ``age`` (20; None: all) archs this restart scored, by rank weight, with one decision redrawn
+    from P (``rate=None``; a number: each decision with that probability; ``"entropy"``: annealed with
+    P's entropy), :mod:`pipeline.search.neighbourhood`; with these the default restarts only after 30
+    iterations.
+    Variants, off by default: ``structure="tree"`` (a Chow-Liu tree over pair tables fitted by the same
+    MLE, :mod:`pipeline.search.treemodel`), ``initial`` (points of each restart's first iteration), ``elite`` (the
     restart's best archs join each fit) and ``local`` (that fraction of the m picks are one-change
-    neighbours of the restart's best arch).
+    neighbours of the restart's best arch); ``around=0.0, restart_after=10`` is the default before
+    issue 40 (``pipeline.search.asktell.BEFORE_40``).
 
     ``executor`` (any :class:`concurrent.futures.Executor`: a thread or process pool, Dask's
     ``client.get_executor()``) evaluates an iteration's new points together; the results are taken
@@ -128,7 +140,8 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     _check(space, budget)
     searcher = Searcher(space, seed=seed, m=m, step=step, smoothing=smoothing, pick=pick, pool_factor=pool_factor,
                         utility=utility, temperature=temperature, shrink_pool=shrink_pool,
-                        restart_after=restart_after, prior=prior, elite=elite, local=local)
+                        restart_after=restart_after, prior=prior, elite=elite, local=local,
+                        around=around, centres=centres, rate=rate, structure=structure, age=age, initial=initial)
     result = SearchResult(space, model=searcher.model)
 
     def loop() -> None:

@@ -26,12 +26,13 @@ def same_run(a, b) -> None:
     assert a.model.as_dict() == b.model.as_dict()
 
 
-@pytest.mark.parametrize("variant", [{}, {"elite": 4, "local": 0.25}])
+@pytest.mark.parametrize("variant", [{"restart_after": None}, {"restart_after": 10},
+                                     {"restart_after": 10, "around": 0.0, "elite": 4, "local": 0.25}])
 def test_ask_tell_in_any_order_through_json_is_search(objective, variant) -> None:
     budget = 203  # ends inside an iteration: the last points are cancelled, as search() skips them
     reference = search(objective.space, objective, budget=budget, seed=4, **variant)
-    assert reference.evaluations == budget and len(reference.iterations) > 20  # restarts included
-    assert any(r.get("restart") for r in reference.iterations)
+    assert reference.evaluations == budget and len(reference.iterations) > 20
+    assert any(r.get("restart") for r in reference.iterations) == bool(variant["restart_after"])  # restarts
     searcher = Searcher(objective.space, seed=4, **variant)
     while searcher.evaluations < budget:
         points = searcher.ask()
@@ -79,7 +80,7 @@ def test_a_small_space_is_exhausted_and_stays_so() -> None:
 
 def test_variants_change_the_run_and_bad_settings_are_refused(objective) -> None:
     base = [e.arch for e in search(objective.space, objective, budget=100, seed=0).history]
-    for variant in ({"elite": 4}, {"local": 0.5}):
+    for variant in ({"elite": 4}, {"local": 0.5}, {"around": 0.0}, {"centres": 2}, {"age": None}):
         assert [e.arch for e in search(objective.space, objective, budget=100, seed=0, **variant).history] != base
     for bad in ({"elite": -1}, {"local": 1.5}, {"utility": "z"}, {"m": 0}, {"restart_after": 0}):
         with pytest.raises(ValueError):

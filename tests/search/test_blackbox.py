@@ -194,10 +194,16 @@ def test_converged_model_restarts_and_keeps_searching(space: SearchSpace) -> Non
     def evaluate(a):
         return 100.0 if a == best else float(sum(space.index(a)))
 
-    restarted = search(space, evaluate, budget=256, seed=2, stop=lambda e: e.value == 100.0)
+    # the default before issue 40 (no picks around the best archs, which would walk out of the basin)
+    restarted = search(space, evaluate, budget=256, seed=2, stop=lambda e: e.value == 100.0, restart_after=10,
+                       around=0.0)
     assert restarted.best_value == 100.0 and restarted.stopped == "stop"
     assert any(r.get("restart") for r in restarted.iterations)
-    stuck = search(space, evaluate, budget=256, seed=2, restart_after=None)
+    stuck = search(space, evaluate, budget=256, seed=2, restart_after=None, around=0.0)
     assert stuck.stopped == "converged" and stuck.evaluations < 256
+    # the default (picks around the recent best archs) needs its late restarts to leave the basin
+    found = search(space, evaluate, budget=256, seed=2, stop=lambda e: e.value == 100.0)
+    assert found.stopped == "stop" and any(r.get("restart") for r in found.iterations)
+    assert search(space, evaluate, budget=256, seed=2, restart_after=None).stopped == "converged"
     with pytest.raises(ValueError):
         search(space, evaluate, budget=5, restart_after=0)
