@@ -29,16 +29,37 @@ def _entries(lock: dict) -> dict[tuple[str, str, str], str]:
             for kind in ("deps", "outs") for entry in body.get(kind, [])}
 
 
+def _produced(lock: dict) -> dict[str, dict]:
+    """Output path -> its dvc.lock entry (what the last run of the producing stage wrote)."""
+    return {entry["path"]: entry for body in lock.get("stages", {}).values() for entry in body.get("outs", [])}
+
+
+def _fill_new_deps(stage, produced: dict[str, dict]) -> None:
+    """A dependency new to ``stage`` and absent here gets the hash its producing stage's output has in the
+    lock: what that stage's last run wrote, so what this stage would have read."""
+    from dvc_data.hashfile.hash_info import HashInfo
+    from dvc_data.hashfile.meta import Meta
+
+    for dep in stage.deps:
+        entry = produced.get(dep.def_path)
+        if entry is not None and not dep.hash_info and not dep.exists:
+            dep.hash_name = "md5"  # the name DVC 3 records as `hash: md5`
+            dep.hash_info = HashInfo("md5", entry["md5"])
+            dep.meta = Meta(size=entry.get("size"), nfiles=entry.get("nfiles"), isdir=entry["md5"].endswith(".dir"))
+
+
 def relock(root: Path) -> list[tuple[str, str, str]]:
     """Rewrite ``root/dvc.lock``; the (stage, kind, path) entries whose hash changed."""
     before = _entries(yaml.safe_load((root / "dvc.lock").read_text()))
     repo = Repo(str(root))
+    produced = _produced(yaml.safe_load((root / "dvc.lock").read_text()))
     with repo.lock:
         infos = list(repo.stage.collect_granular(None))
         for dvcfile, group in groupby(infos, key=lambda info: info.stage.dvcfile):
             stages = [info.stage for info in group]
             for stage in stages:
                 stage.save(allow_missing=True, run_cache=False)
+                _fill_new_deps(stage, produced)
             dvcfile.dump_stages(stages, update_pipeline=False)
     after = _entries(yaml.safe_load((root / "dvc.lock").read_text()))
     return sorted(key for key in after if before.get(key) != after[key])

@@ -5,6 +5,10 @@ for the selected routing and, as baselines, for static calib-set selection (clai
 fixed cascade (every supernet on its default path, no predictor), all calibrated by the same rule;
 and the fixed cascade once more in budget mode, held to the selected cascade's mean MACs on calib
 (the "at equal MACs" comparison of issue 9).
+What ships (`--out`) is decided here, on the same held-out images, before test is read: the calibrated
+cascade, unless one of the run's plain CNNs (`--baselines`) reads more than one standard error higher
+at <= 1.1x its MACs; then that plain CNN ships alone in the cascade's model format, and the calibrated
+cascade is what `metrics` records under `selected` (evaluate rebuilds it from there).
 Each also gets its exit ensemble: for every decay in `calibrate.ensemble_decays` the thresholds are
 fitted with exits answering by the decay-weighted mean of their and the earlier exits' log-probabilities
 (free: an image at exit k has passed exits 1..k-1), and the decay whose cascade is best on calib is kept."""
@@ -17,14 +21,16 @@ import pandas as pd
 import torch
 
 from pipeline.device import ComputeConfig, autocast, stages_to
+from pipeline.evaluation.dominance import held_out_choice
 from pipeline.io import atomic_path, load_held_out, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.params.config import TrackingConfig, section
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_stages
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
-from pipeline.routing.package import CascadeMeta, packaged, save_cascade
+from pipeline.routing.package import CascadeMeta, packaged, plain_packaged, save_cascade
 from pipeline.routing.recognize import preprocess
+from pipeline.train.baselines import SMALL, held_out_figures, load_baselines
 from stages.common import cli, params_of, parser
 
 
@@ -42,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out-fixed-at-macs", type=Path, required=True,
                    help="model directory of the fixed-path baseline calibrated in budget mode at the "
                         "selected cascade's mean MACs on calib (the comparison at equal MACs)")
+    p.add_argument("--baselines", type=Path, required=True,
+                   help="the run's plain CNNs (written by the baselines stage): one ships instead of the "
+                        "cascade when the held-out images say it is better at about its cost")
     p.add_argument("--metrics", type=Path, required=True, help="metrics JSON")
     p.add_argument("--plots", type=Path, required=True, help="plots directory (the threshold sweep)")
     args = p.parse_args(argv)
@@ -55,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     costs = CostModel(read_json(args.profile))
     meta = read_json(args.data / "meta.json")
     calib = load_held_out(args.data, cfg["held_out"])  # route + calib by default
+    plain = load_baselines(args.baselines)
     results, packages = {}, {}
     with stage_run("calibrate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"calibrate": cfg, "confidence": kind}) as run:
@@ -80,10 +90,21 @@ def main(argv: list[str] | None = None) -> None:
         packages["default_at_cascade_macs"] = (
             args.out_fixed_at_macs, *packaged(stages, cmeta, results["default_at_cascade_macs"], "default",
                                               budget_cfg, params))
+        plains = held_out_figures(plain, calib.images, calib.labels, kind)
+        shipped = held_out_choice(results["selected"], plains, len(calib))
+        if shipped["model"] != "cascade":
+            net = plain.small if shipped["model"] == SMALL else plain.large
+            macs = plain.meta.macs_small if shipped["model"] == SMALL else plain.meta.macs_large
+            cmeta = CascadeMeta(tuple(meta["classes"]), tuple(meta["image_shape"]), plain.meta.mean,
+                                plain.meta.std, kind)
+            info = {"routing": shipped["model"], "shipped": shipped,
+                    "params": {"baselines": params.get("baselines") or {}}}
+            packages["selected"] = (args.out, *plain_packaged(net, macs, cmeta, info))
         for out, stages, cmeta in packages.values():
             save_cascade(out, stages, cmeta)
         metrics = {routing: {k: v for k, v in res.items() if k != "sweep"}
                    for routing, res in results.items()}
+        metrics["shipped"] = shipped
         write_json(args.metrics, metrics)
         with atomic_path(args.plots, is_dir=True) as tmp:
             rows = [{"routing": routing, "accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
@@ -91,17 +112,20 @@ def main(argv: list[str] | None = None) -> None:
                      "thresholds": " ".join(f"{t:.4f}" for t in r["thresholds"])}
                     for routing, res in results.items() for r in res["sweep"]]
             pd.DataFrame(rows).to_csv(tmp / "sweep.csv", index=False)
-        for routing, res in metrics.items():
+        for routing, res in results.items():
             run.log_metrics({f"{routing}_calib_accuracy": res["accuracy"],
                              f"{routing}_calib_mean_macs": res["mean_macs"],
                              f"{routing}_last_exit_accuracy": res["last_exit_accuracy"]})
         run.log_artifact(args.metrics)
-    for routing, res in metrics.items():
+    for routing, res in results.items():
+        res = metrics[routing]
         print(f"calibrate ({routing}): exit ensemble decay {res['ensemble_decay']:g}, "
               f"thresholds {[round(t, 4) for t in res['thresholds']]} -> calib accuracy "
               f"{res['accuracy']:.4f} (last exit {res['last_exit_accuracy']:.4f}) "
               f"at {res['mean_macs']:,.0f} MACs "
               f"(last exit {res['last_exit_mean_macs']:,.0f}); exits {res['exit_counts']}")
+    print(f"calibrate: {shipped['reason']}")
+
 
 
 if __name__ == "__main__":

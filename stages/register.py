@@ -1,4 +1,5 @@
-"""Register the calibrated cascade in the MLflow model registry: log it as a pyfunc model (with a
+"""Register the shipped model (the calibrated cascade, or the plain CNN calibrate chose instead on
+held-out images) in the MLflow model registry: log it as a pyfunc model (with a
 signature and a real test image as input example), register a version tagged with its lineage (git
 commit, DVC md5s of this run's own inputs, dvc.lock hashes of data and params) and test metrics, point
 `challenger` at it, and move `champion` to it only if it passes the gate against the current champion
@@ -44,7 +45,8 @@ def dominated_veto(evaluated: dict) -> str | None:
 @cli
 def main(argv: list[str] | None = None) -> None:
     p = parser("register", __doc__)
-    p.add_argument("--model", type=Path, required=True, help="calibrated cascade (model directory)")
+    p.add_argument("--model", type=Path, required=True,
+                   help="the shipped model (model directory written by calibrate)")
     p.add_argument("--metrics-in", type=Path, required=True,
                    help="evaluate's metrics JSON (key 'cascade'; 'each_exit' and 'budget_curve' if present)")
     p.add_argument("--data", type=Path, required=True, help="directory written by ingest (input example)")
@@ -55,12 +57,15 @@ def main(argv: list[str] | None = None) -> None:
     params = params_of(args)
     cfg = RegisterConfig.from_params(params)
     evaluated = read_json(args.metrics_in)
-    cascade = evaluated.get("cascade") or {}
-    missing = [key for key in GATE_METRICS if not isinstance(cascade.get(key), int | float)]
+    shipped = (evaluated.get("shipped") or {}).get("model", "cascade")
+    figures = evaluated.get("cascade") if shipped == "cascade" else evaluated.get("shipped")
+    figures = figures if isinstance(figures, dict) else {}
+    missing = [key for key in GATE_METRICS if not isinstance(figures.get(key), int | float)]
     if missing:
-        raise StageFailed(f"{args.metrics_in} has no cascade {', '.join(missing)}")
-    candidate = {key: float(cascade[key]) for key in GATE_METRICS}
-    curve = curve_points(evaluated)
+        raise StageFailed(f"{args.metrics_in} has no {shipped} {', '.join(missing)}")
+    candidate = {key: float(figures[key]) for key in GATE_METRICS}
+    # a plain CNN has one operating point; the cascade's thresholds trace a curve
+    curve = curve_points(evaluated) if shipped == "cascade" else [(candidate["mean_macs"], candidate["accuracy"])]
     test_file = args.data / "test.npz"
     own = input_hashes({_name(path, args.root): path for path in (args.model, args.metrics_in, test_file)})
     tags = lineage_tags(args.root, args.lock or args.root / "dvc.lock", candidate, inputs=own,

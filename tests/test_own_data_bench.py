@@ -43,6 +43,17 @@ def test_judge_finds_who_dominates_and_the_gap_to_the_best_exit():
     assert summary(near_runs)["never_dominated"] is True  # the rule; the table names the near miss
 
 
+def test_judge_reads_the_plain_cnn_that_shipped_instead_of_the_cascade():
+    run = evaluation(0.64, [0.50, 0.60, 0.62], small=0.80)  # plain_small at half the cascade's MACs
+    assert judge(run)["dominated_by"] == ["plain_small"]
+    run["shipped"] = {"model": "plain_small"}  # what evaluate records when calibrate shipped it
+    out = judge(run)
+    assert out["shipped"] == "plain_small" and out["accuracy"] == 0.80 and out["dominated_by"] == []
+    assert out["mean_macs"] == 1e6 and out["within_best_exit"]
+    row = [{"folder": "s", "seed": 0, "pipeline_s": 60.0, "input": {"shape": [3, 64, 64]}, **out}]
+    assert "| s | 0 | 3x64x64 | plain_small | 80.00%" in table(row)
+
+
 def test_the_scenes_and_the_colourised_garments_are_what_they_say():
     rng = np.random.default_rng(0)
     for shape in SHAPES:

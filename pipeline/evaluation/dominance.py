@@ -9,7 +9,12 @@ The run's other models are each exit alone and the plain baselines (``plain_smal
 the two chained). A model that is not cheaper but costs at most ``NEAR_MACS`` times as much and reads
 more than one SE higher does not dominate by that rule; it is named (``nearly_dominated_by``) and the
 verdict says so, since a user reads a 1% dearer model 18 points better as a loss (the scenes folder of
-``bench.own_data``, seed 1). Pure: dicts in, dicts out."""
+``bench.own_data``, seed 1).
+
+What ships is decided before test is read, by the same rule on held-out images
+(:func:`held_out_choice`, run by ``calibrate``): a plain CNN of the run that dominates or nearly
+dominates the calibrated cascade there ships instead of it, alone, in the cascade's model format.
+``dominance`` then reads the shipped model, whichever it is, on test. Pure: dicts in, dicts out."""
 
 from __future__ import annotations
 
@@ -19,7 +24,12 @@ from typing import Any
 
 WITHIN_BEST_EXIT = 0.003  # the shipped model may read this much (plus one SE) under its best exit
 BASELINES = ("plain_small", "plain_large", "two_cnn_cascade")
+SHIPPABLE = ("cascade", "plain_small", "plain_large")  # what a model directory can hold and a run ship
 NEAR_MACS = 1.1  # a better model at up to this many times the shipped model's MACs is named in the verdict
+
+
+def _what(shipped: str) -> str:
+    return "cascade" if shipped == "cascade" else f"model ({shipped})"
 
 
 def std_error(accuracy: float, n: int) -> float:
@@ -29,21 +39,69 @@ def std_error(accuracy: float, n: int) -> float:
     return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / n)
 
 
-def others(results: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """Every other model an evaluate run reads on test, by name: each exit alone, the plain baselines."""
+def _beats(acc: float, macs: float, se: float, a: float, m: float) -> tuple[bool, bool]:
+    """(dominates, nearly dominates) a model reading ``acc`` at ``macs`` with standard error ``se``."""
+    better = a > acc + se
+    return better and m <= macs * (1 + 1e-9), better and macs * (1 + 1e-9) < m <= macs * NEAR_MACS
+
+
+def held_out_choice(cascade: Mapping[str, float], plains: Mapping[str, Mapping[str, float]],
+                    n_held_out: int) -> dict[str, Any]:
+    """What the run ships, chosen on held-out images: the calibrated cascade, unless a plain CNN reads
+    more than one SE of the cascade's held-out accuracy higher at <= ``NEAR_MACS`` times its MACs
+    (the rule ``dominance`` reads on test); then the most accurate such plain CNN. ``cascade`` and each
+    of ``plains`` (by name): ``{"accuracy", "mean_macs"}`` on the same ``n_held_out`` images."""
+    acc, macs = float(cascade["accuracy"]), float(cascade["mean_macs"])
+    se = std_error(acc, n_held_out)
+    rows = []
+    for name, row in plains.items():
+        if name not in SHIPPABLE:
+            raise ValueError(f"held_out_choice: {name!r} cannot ship (shippable: {SHIPPABLE})")
+        a, m = float(row["accuracy"]), float(row["mean_macs"])
+        rows.append({"model": name, "accuracy": a, "mean_macs": m, "macs_ratio": round(m / macs, 4) if macs else None,
+                     "beats_cascade": any(_beats(acc, macs, se, a, m))})
+    winners = [r for r in rows if r["beats_cascade"]]
+    if winners:
+        best = max(winners, key=lambda r: (r["accuracy"], -r["mean_macs"]))
+        reason = (f"{best['model']} ships instead of the cascade: on {n_held_out} held-out images it reads "
+                  f"{100 * best['accuracy']:.2f}% at {best['macs_ratio']:.2f}x the cascade's MACs against the "
+                  f"cascade's {100 * acc:.2f}% (more than one SE, {100 * se:.2f} points, better)")
+        model = best["model"]
+    else:
+        reason = (f"the cascade ships: no plain CNN at <= {NEAR_MACS:g}x its MACs reads more than one SE "
+                  f"({100 * se:.2f} points) above its {100 * acc:.2f}% on {n_held_out} held-out images")
+        model = "cascade"
+    return {"model": model, "held_out_images": n_held_out, "cascade": {"accuracy": acc, "mean_macs": macs},
+            "se": se, "plains": rows, "reason": reason}
+
+
+def others(results: Mapping[str, Any], shipped: str = "cascade") -> dict[str, Mapping[str, Any]]:
+    """Every other model an evaluate run reads on test, by name: each exit alone, the plain baselines
+    and, when a plain CNN ships, the calibrated cascade."""
     rows: dict[str, Mapping[str, Any]] = {f"exit {r['exit']} alone": r for r in results["each_exit_alone"]}
     rows.update({name: results["baselines"][name] for name in BASELINES if name in results["baselines"]})
+    if shipped != "cascade":
+        rows["cascade"] = results["cascade"]
+        rows.pop(shipped)
     return rows
 
 
-def dominance(results: Mapping[str, Any], n_test: int) -> dict[str, Any]:
-    """The shipped cascade against every other model of the run, on test: who dominates it, how far it
-    reads under its best exit, and one sentence of verdict."""
-    shipped = results["cascade"]
-    acc, macs = float(shipped["accuracy"]), float(shipped["mean_macs"])
+def shipped_row(results: Mapping[str, Any], shipped: str = "cascade") -> Mapping[str, Any]:
+    """The shipped model's test figures in evaluate's results."""
+    if shipped not in SHIPPABLE:
+        raise ValueError(f"unknown shipped model {shipped!r} (shippable: {SHIPPABLE})")
+    return results["cascade"] if shipped == "cascade" else results["baselines"][shipped]
+
+
+def dominance(results: Mapping[str, Any], n_test: int, shipped: str = "cascade") -> dict[str, Any]:
+    """The shipped model (the calibrated cascade or the plain CNN the held-out rule chose) against every
+    other model of the run, on test: who dominates it, how far it reads under the cascade's best exit,
+    and one sentence of verdict."""
+    row = shipped_row(results, shipped)
+    acc, macs = float(row["accuracy"]), float(row["mean_macs"])
     se = std_error(acc, n_test)
     rows = []
-    for name, row in others(results).items():
+    for name, row in others(results, shipped).items():
         a, m = float(row["accuracy"]), float(row["mean_macs"])
         rows.append(
             {
@@ -52,8 +110,7 @@ def dominance(results: Mapping[str, Any], n_test: int) -> dict[str, Any]:
                 "mean_macs": m,
                 "gain_pts": round(100 * (a - acc), 4),
                 "macs_ratio": round(m / macs, 4) if macs else None,
-                "dominates": m <= macs * (1 + 1e-9) and a > acc + se,
-                "nearly_dominates": macs * (1 + 1e-9) < m <= macs * NEAR_MACS and a > acc + se,
+                **dict(zip(("dominates", "nearly_dominates"), _beats(acc, macs, se, a, m), strict=True)),
             }
         )
     exits = [float(r["accuracy"]) for r in results["each_exit_alone"]]
@@ -66,7 +123,7 @@ def dominance(results: Mapping[str, Any], n_test: int) -> dict[str, Any]:
         worst = max((r for r in rows if r["dominates"]), key=lambda r: r["accuracy"])
         verdict = (
             f"DOMINATED: {worst['model']} reads {worst['gain_pts']:+.2f} points at "
-            f"{worst['macs_ratio']:.2f}x the shipped cascade's MACs (one SE is {100 * se:.2f} points "
+            f"{worst['macs_ratio']:.2f}x the shipped {_what(shipped)}'s MACs (one SE is {100 * se:.2f} points "
             f"on {n_test} test images); the registry will not make it champion"
         )
     elif near:
@@ -87,7 +144,7 @@ def dominance(results: Mapping[str, Any], n_test: int) -> dict[str, Any]:
             f"({100 * se:.2f} points on {n_test} test images) higher"
         )
     return {
-        "model": "cascade",
+        "model": shipped,
         "accuracy": acc,
         "mean_macs": macs,
         "test_images": n_test,

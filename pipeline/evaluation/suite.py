@@ -90,14 +90,16 @@ def evaluation_suite(main: LoadedCascade, testset: LoadedCascade, fixed_model: L
                      models: Path, grid: int, batch1_images: int,
                      epoch_budget: dict[str, Any],
                      predictability_splits: tuple[Labelled, Labelled] | None = None,
-                     ) -> tuple[dict[str, Any], dict[str, list[dict]]]:
+                     shipped: str = "cascade") -> tuple[dict[str, Any], dict[str, list[dict]]]:
     """Every figure of ``metrics/evaluate.json`` (in its order) and the four budget curves by plot label.
     ``main``: the calibrated cascade; ``testset``: its static-selection twin; ``fixed_model`` /
     ``fixed_at_macs``: the fixed-path cascade calibrated on its own / at the cascade's calib MACs.
     ``x``/``xc``: the test/calib images preprocessed for the cascades (on their device); ``test``/
     ``calib``: the raw splits (labels; uint8 images for the plain CNNs). ``predictability_splits``:
     (`route`, `calib`) as (preprocessed images, labels), on which the routing verdict measures how
-    predictable the right candidate is (None: not measured). Run it with grad disabled."""
+    predictable the right candidate is (None: not measured). ``shipped``: what calibrate shipped (the
+    cascade, or the plain CNN it chose on held-out images), whose dominance is read. Run it with grad
+    disabled."""
     meta = main.meta
     kind, n_classes = meta.confidence_kind, len(meta.classes)
     y, yc = test.labels, calib.labels
@@ -182,7 +184,7 @@ def evaluation_suite(main: LoadedCascade, testset: LoadedCascade, fixed_model: L
     results["budget_curves"] = {"cascade": curve, "static_selection": curve_static,
                                 "fixed_cascade": curve_fixed, "two_cnn_cascade": curve_two_cnn}
     results["epoch_budget"] = epoch_budget
-    results["shipped"] = dominance(results, len(y))  # is the cascade dominated by another model of the run?
+    results["shipped"] = dominance(results, len(y), shipped)  # is it dominated by another model of the run?
     results["targets"] = target_checks(results)
     curves = {"cascade (selected routing)": curve, "static selection (claim 8)": curve_static,
               "fixed cascade (default paths)": curve_fixed, "two plain CNNs": curve_two_cnn}

@@ -18,7 +18,7 @@ from torch import nn
 from pipeline.models.ops import OPS, ConvBNReLU, make_op
 from pipeline.search.space import Arch, Decision, SearchSpace
 
-KINDS = ("fixed", "supernet")
+KINDS = ("fixed", "supernet", "plain")  # plain: a baseline CNN shipped alone (never a params module kind)
 HEADS = ("pool_mlp", "gap")
 CONFIDENCE_KINDS = ("maxprob", "margin")
 NO_ARCH = Arch()  # the only architecture of a module without decisions (immutable)
@@ -82,6 +82,11 @@ def _check_module_spec(spec: ModuleSpec) -> None:
         raise ValueError(f"ModuleSpec.head_grid must be an int >= 1, got {spec.head_grid!r}")
     if not _is_int(spec.head_hidden) or spec.head_hidden < 0:
         raise ValueError(f"ModuleSpec.head_hidden must be an int >= 0, got {spec.head_hidden!r}")
+    if spec.kind == "plain":  # channels is the width; the layers and head are PlainCNN's own
+        if spec.ops or spec.default_op or spec.stride != 1:
+            raise ValueError(f"ModuleSpec of kind 'plain' takes only its width (channels), "
+                             f"got ops={spec.ops!r}, default_op={spec.default_op!r}, stride={spec.stride!r}")
+        return
     if spec.kind == "fixed":
         if spec.ops or spec.default_op:
             raise ValueError(
@@ -230,13 +235,63 @@ class SupernetModule(nn.Module):
         return _export(self.transition, self.chosen_ops(arch), self.head, arch)
 
 
-CascadeModule: TypeAlias = FixedModule | SupernetModule
+class PlainCNN(nn.Module):
+    """A plain single-exit CNN (the run's baselines, :mod:`pipeline.train.baselines`): five 3x3
+    conv-BN-ReLU blocks (w, w, pool, 2w, 2w, pool, 4w), global average pool, linear.
+
+    It has a cascade module's surface (``space``, ``default_arch()``, ``forward(x, arch) -> (features,
+    logits)``, ``spec``, ``export``), so a run can ship it alone as a one-module cascade (spec kind
+    ``plain``) when its held-out data says it beats the cascade. Its features are pooled, so no module
+    can follow it. Both max pools halve H and W (floor), so inputs need H, W >= 4.
+    """
+
+    def __init__(self, width: int, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        for name, value in (("width", width), ("in_channels", in_channels), ("num_classes", num_classes)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise ValueError(f"PlainCNN.{name} must be an int >= 1, got {value!r}")
+        self.width, self.in_channels, self.num_classes = width, in_channels, num_classes
+        self.space = SearchSpace()  # no decisions: NO_ARCH is the only architecture
+        w = width
+        self.body = nn.Sequential(
+            ConvBNReLU(in_channels, w, 3),
+            ConvBNReLU(w, w, 3),
+            nn.MaxPool2d(2),
+            ConvBNReLU(w, 2 * w, 3),
+            ConvBNReLU(2 * w, 2 * w, 3),
+            nn.MaxPool2d(2),
+            ConvBNReLU(2 * w, 4 * w, 3),
+        )
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4 * w, num_classes)
+
+    @property
+    def spec(self) -> ModuleSpec:
+        return ModuleSpec("plain", self.width)
+
+    def default_arch(self) -> Arch:
+        return NO_ARCH
+
+    def forward(self, x: torch.Tensor, arch: Arch = NO_ARCH) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C, H, W) normalised images -> pooled features (B, 4w), logits (B, num_classes)."""
+        self.space.validate(arch)
+        features = torch.flatten(self.pool(self.body(x)), 1)  # (B, 4w)
+        return features, self.fc(features)  # (B, num_classes)
+
+    def export(self, arch: Arch = NO_ARCH) -> PlainCNN:
+        self.space.validate(arch)
+        return copy.deepcopy(self)
+
+
+CascadeModule: TypeAlias = FixedModule | SupernetModule | PlainCNN
 
 
 def build_module(spec: ModuleSpec, in_channels: int, num_classes: int) -> CascadeModule:
-    """One factory for both kinds (uses the caller's RNG state; see cascade.build_modules)."""
+    """One factory for every kind (uses the caller's RNG state; see cascade.build_modules)."""
     if in_channels < 1 or num_classes < 1:
         raise ValueError(f"in_channels and num_classes must be >= 1, got {in_channels}, {num_classes}")
+    if spec.kind == "plain":
+        return PlainCNN(spec.channels, in_channels, num_classes)
     cls = FixedModule if spec.kind == "fixed" else SupernetModule
     return cls(spec, in_channels, num_classes)
 

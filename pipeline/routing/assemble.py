@@ -3,7 +3,9 @@ engine stages: for the frozen prefix of the next module, for calibration and for
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -11,6 +13,7 @@ from pipeline.io import read_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import ModuleInfo, load_module
 from pipeline.routing.engine import RoutedModule, Stage
+from pipeline.routing.package import CascadeMeta, LoadedCascade
 from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
 from pipeline.train.prefix import Prefix
@@ -69,3 +72,18 @@ def load_stages(models: Path, costs: CostModel, thresholds: list[float] | None =
         stages.append(stage)
         infos.append(info)
     return stages, infos
+
+
+def calibrated_cascade(models: Path, costs: CostModel, fit: Mapping[str, Any], shipped: LoadedCascade,
+                       device: torch.device | str = "cpu") -> LoadedCascade:
+    """The calibrated cascade rebuilt from the trained modules and calibrate's fit of it (``metrics/
+    calibrate.json`` ``selected``: thresholds and exit ensemble), for a run whose model directory holds
+    the plain CNN that shipped instead; ``shipped`` gives the classes, input shape and confidence kind."""
+    stages, infos = load_stages(models, costs, thresholds=[float(t) for t in fit["thresholds"]])
+    meta = CascadeMeta(shipped.meta.classes, shipped.meta.image_shape, infos[0].mean, infos[0].std,
+                       shipped.meta.confidence_kind, ensemble_decay=float(fit["ensemble_decay"]))
+    for stage in stages:
+        stage.module.to(device).eval()
+        if stage.predictor is not None:
+            stage.predictor.to(device).eval()
+    return LoadedCascade(stages, meta)

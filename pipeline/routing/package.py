@@ -24,7 +24,14 @@ import torch
 from torch import nn
 
 from pipeline.io import atomic_path, file_sha256, write_json
-from pipeline.models.modules import CONFIDENCE_KINDS, FixedModule, ModuleSpec, SupernetModule, build_module
+from pipeline.models.modules import (
+    CONFIDENCE_KINDS,
+    FixedModule,
+    ModuleSpec,
+    PlainCNN,
+    SupernetModule,
+    build_module,
+)
 from pipeline.routing.engine import Stage, check_decay
 from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
@@ -152,9 +159,13 @@ def _predictor_config(predictor: Predictor | None) -> dict[str, Any] | None:
 
 def _check_chain(specs: Sequence[ModuleSpec], in_channels: Sequence[int], num_classes: Sequence[int],
                  meta: CascadeMeta) -> None:
-    """Each module must take the previous one's channels and answer over the meta's classes."""
+    """Each module must take the previous one's channels and answer over the meta's classes; a plain
+    CNN (pooled features) can only be the last."""
     expected = meta.image_shape[0]
     for k, (spec, c_in, n) in enumerate(zip(specs, in_channels, num_classes, strict=True), start=1):
+        if spec.kind == "plain" and k < len(specs):
+            raise ValueError(f"module {k} is a plain CNN: it answers from pooled features, so no module "
+                             f"can follow it (it must be the last)")
         if c_in != expected:
             raise ValueError(f"module {k} takes {c_in} input channels, but receives {expected}")
         if n != meta.num_classes:
@@ -186,15 +197,16 @@ def _state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
 def save_cascade(directory: str | os.PathLike[str], stages: Sequence[Stage], meta: CascadeMeta) -> Path:
     """Write a model directory atomically: a reader sees the old directory or the whole new one.
 
-    Modules must be ``FixedModule`` or ``SupernetModule`` (rebuilt from their spec on load); an
-    exported ``Subnet`` has no spec to rebuild from.
+    Modules must be ``FixedModule``, ``SupernetModule`` or, last, a ``PlainCNN`` (rebuilt from their
+    spec on load); an exported ``Subnet`` has no spec to rebuild from.
     """
     if not stages:
         raise ValueError("save_cascade needs at least one stage")
     for k, stage in enumerate(stages, start=1):
-        if not isinstance(stage.module, FixedModule | SupernetModule):
+        if not isinstance(stage.module, FixedModule | SupernetModule | PlainCNN):
             kind = type(stage.module).__name__
-            raise ValueError(f"save_cascade: module {k} is a {kind}; only Fixed/SupernetModule can be saved")
+            raise ValueError(f"save_cascade: module {k} is a {kind}; only Fixed/SupernetModule/PlainCNN "
+                             f"can be saved")
     specs = [s.module.spec for s in stages]
     _check_chain(specs, [s.module.in_channels for s in stages], [s.module.num_classes for s in stages], meta)
     shapes = input_shapes(specs, meta.image_shape)
@@ -230,6 +242,15 @@ def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, f
     meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind,
                        info=info, ensemble_decay=res["ensemble_decay"])
     return with_thresholds(stages, res["thresholds"]), meta
+
+
+def plain_packaged(module: PlainCNN, macs: int, cmeta: CascadeMeta, info: dict[str, Any]
+                   ) -> tuple[list[Stage], CascadeMeta]:
+    """A plain CNN as a one-module cascade (what a run ships when its held-out data prefers it):
+    one stage, one path, no threshold; ``cmeta`` must carry the plain CNN's own normalisation."""
+    stage = Stage(module, (module.default_arch(),), (int(macs),), float("inf"))
+    meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind, info=info)
+    return [stage], meta
 
 
 # ---------------------------------------------------------------------------------------------- load

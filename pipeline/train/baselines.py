@@ -1,9 +1,10 @@
 """Plain-CNN baselines for the cascade: a small and a large single-exit CNN, their training, storage
 and outputs (the large one is also the distillation teacher, :func:`teacher_probabilities`).
 
-``PlainCNN`` has the surface of a fixed cascade module (``space``, ``default_arch()``,
-``forward(x, arch) -> (features, logits)``), so ``pipeline.train.loop.train_module`` trains it with
-an empty prefix and the cost-aware loss turned off (``lam = mu = 0``: plain cross-entropy).
+``PlainCNN`` (:mod:`pipeline.models.modules`, where a run can also ship one alone) has the surface of
+a fixed cascade module (``space``, ``default_arch()``, ``forward(x, arch) -> (features, logits)``),
+so ``pipeline.train.loop.train_module`` trains it with an empty prefix and the cost-aware loss
+turned off (``lam = mu = 0``: plain cross-entropy).
 
 The two chained (the two-CNN cascade), with its threshold calibrated by the cascade's own rule, are
 :mod:`pipeline.evaluation.two_cnn`.
@@ -23,11 +24,9 @@ import torch
 from torch import nn
 
 from pipeline.models.cost import count_macs
-from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, confidence
-from pipeline.models.ops import ConvBNReLU
+from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, PlainCNN, confidence
 from pipeline.params.keys import ParamsError
 from pipeline.params.settings import section_problems, settings
-from pipeline.search.space import Arch, SearchSpace
 from pipeline.train.config import TrainConfig, epochs_for
 from pipeline.train.loop import train_module
 from pipeline.train.paths import module_outputs
@@ -42,42 +41,6 @@ EpochCallback = Callable[[int, dict[str, Any], nn.Module, Any], None]
 
 
 # ----------------------------------------------------------------------------------------- model
-
-
-class PlainCNN(nn.Module):
-    """Five 3x3 conv-BN-ReLU blocks (w, w, pool, 2w, 2w, pool, 4w), global average pool, linear.
-
-    Both max pools halve H and W (floor), so inputs need H, W >= 4.
-    """
-
-    def __init__(self, width: int, in_channels: int, num_classes: int) -> None:
-        super().__init__()
-        for name, value in (("width", width), ("in_channels", in_channels), ("num_classes", num_classes)):
-            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-                raise ValueError(f"PlainCNN.{name} must be an int >= 1, got {value!r}")
-        self.width, self.in_channels, self.num_classes = width, in_channels, num_classes
-        self.space = SearchSpace()  # no decisions: NO_ARCH is the only architecture
-        w = width
-        self.body = nn.Sequential(
-            ConvBNReLU(in_channels, w, 3),
-            ConvBNReLU(w, w, 3),
-            nn.MaxPool2d(2),
-            ConvBNReLU(w, 2 * w, 3),
-            ConvBNReLU(2 * w, 2 * w, 3),
-            nn.MaxPool2d(2),
-            ConvBNReLU(2 * w, 4 * w, 3),
-        )
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(4 * w, num_classes)
-
-    def default_arch(self) -> Arch:
-        return NO_ARCH
-
-    def forward(self, x: torch.Tensor, arch: Arch = NO_ARCH) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, C, H, W) normalised images -> pooled features (B, 4w), logits (B, num_classes)."""
-        self.space.validate(arch)
-        features = torch.flatten(self.pool(self.body(x)), 1)  # (B, 4w)
-        return features, self.fc(features)  # (B, num_classes)
 
 
 def plain_macs(module: PlainCNN, image_shape: Sequence[int]) -> int:
@@ -192,6 +155,18 @@ def plain_outputs(module: PlainCNN, images_uint8: np.ndarray, mean: Sequence[flo
     logits, _ = module_outputs(module, Prefix((), tuple(mean), tuple(std)), images_uint8, NO_ARCH, EVAL_BATCH)
     logits = logits.float()  # on the CPU; float32 also after a bf16 autocast run (a no-op otherwise)
     return logits, confidence(logits, kind)  # (N, K), (N,)
+
+
+def held_out_figures(plain: Baselines, images_uint8: np.ndarray, labels: np.ndarray,
+                     kind: str = "maxprob") -> dict[str, dict[str, float]]:
+    """``{name: {"accuracy", "mean_macs"}}`` of both plain CNNs on labelled images (N, C, H, W) uint8:
+    what ``calibrate`` holds against the cascade on its held-out split to decide what ships."""
+    out = {}
+    for name, net, macs in ((SMALL, plain.small, plain.meta.macs_small), (LARGE, plain.large, plain.meta.macs_large)):
+        logits, _ = plain_outputs(net, images_uint8, plain.meta.mean, plain.meta.std, kind)
+        out[name] = {"accuracy": float((logits.argmax(dim=-1).numpy() == np.asarray(labels)).mean()),
+                     "mean_macs": float(macs)}
+    return out
 
 
 # ----------------------------------------------------------------------------------------- storage

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pipeline.evaluation.dominance import dominance, std_error
+from pipeline.evaluation.dominance import dominance, held_out_choice, std_error
 
 
 def results(
@@ -64,3 +64,43 @@ def test_a_better_model_at_nearly_the_same_cost_is_named_not_hidden():
     assert farther["nearly_dominated_by"] == [] and farther["verdict"].startswith("not dominated:")
     both = dominance(results((0.54, 2.18e6), [(0.70, 2e6), (0.54, 2.19e6)], small=(0.72, 2.21e6)), 480)
     assert both["dominated_by"] == ["exit 1 alone"] and both["verdict"].startswith("DOMINATED")
+
+
+# ------------------------------------------------------------------------------- what ships (held out)
+
+
+def test_a_plain_cnn_ships_when_held_out_images_prefer_it_at_about_its_cost():
+    cascade = {"accuracy": 0.60, "mean_macs": 2e6}  # SE on 384 images: 2.5 points
+    plains = {"plain_small": {"accuracy": 0.75, "mean_macs": 2.1e6},
+              "plain_large": {"accuracy": 0.90, "mean_macs": 17e6}}
+    out = held_out_choice(cascade, plains, 384)
+    assert out["model"] == "plain_small" and out["reason"].startswith("plain_small ships instead of the cascade")
+    assert [r["beats_cascade"] for r in out["plains"]] == [True, False]  # 1.05x: nearly; 8.5x: not at its cost
+    assert held_out_choice(cascade, {**plains, "plain_small": {"accuracy": 0.75, "mean_macs": 1e6}},
+                           384)["model"] == "plain_small"  # cheaper and better: dominates
+
+
+def test_the_cascade_ships_unless_a_plain_cnn_is_more_than_one_se_better_at_about_its_cost():
+    cascade = {"accuracy": 0.60, "mean_macs": 2e6}
+    assert held_out_choice(cascade, {"plain_small": {"accuracy": 0.62, "mean_macs": 1e6}}, 384)["model"] == "cascade"
+    out = held_out_choice(cascade, {"plain_small": {"accuracy": 0.75, "mean_macs": 2.3e6}}, 384)  # 1.15x
+    assert out["model"] == "cascade" and out["reason"].startswith("the cascade ships")
+    both = {"plain_small": {"accuracy": 0.70, "mean_macs": 1e6}, "plain_large": {"accuracy": 0.72, "mean_macs": 2e6}}
+    assert held_out_choice(cascade, both, 384)["model"] == "plain_large"  # the most accurate of those that beat it
+    with pytest.raises(ValueError, match="cannot ship"):
+        held_out_choice(cascade, {"two_cnn_cascade": {"accuracy": 0.9, "mean_macs": 1e6}}, 384)
+
+
+def test_a_shipped_plain_cnn_is_judged_against_the_cascade_too():
+    r = results((0.64, 3.2e6), [(0.50, 2e6), (0.60, 3e6)], small=(0.80, 2.2e6), large=(0.88, 17e6))
+    cascade_view = dominance(r, 160)
+    assert cascade_view["dominated_by"] == ["plain_small"]
+    out = dominance(r, 160, shipped="plain_small")
+    assert out["model"] == "plain_small" and out["accuracy"] == 0.80 and not out["dominated"]
+    names = [row["model"] for row in out["others"]]
+    assert "cascade" in names and "plain_small" not in names
+    worse = results((0.90, 1e6), [(0.50, 0.5e6), (0.91, 1.1e6)], small=(0.70, 2e6))
+    verdict = dominance(worse, 400, shipped="plain_small")["verdict"]
+    assert verdict.startswith("DOMINATED: ") and "the shipped model (plain_small)'s MACs" in verdict
+    with pytest.raises(ValueError, match="unknown shipped model"):
+        dominance(r, 160, shipped="two_cnn_cascade")

@@ -43,3 +43,17 @@ def test_a_code_edit_re_records_only_its_own_entries(copy: Path) -> None:
     # the file itself, or a directory holding it (train lists pipeline/models, register pipeline)
     assert all(kind == "deps" and (path == target or target.startswith(path + "/"))
                for _, kind, path in changed), changed
+
+
+def test_a_new_dependency_gets_the_hash_its_producing_stage_recorded(copy: Path) -> None:
+    dvc_yaml = copy / "dvc.yaml"
+    text = dvc_yaml.read_text()
+    anchor = "      - metrics/evaluate.json\n"
+    assert text.count(anchor) == 1, "register's dependency on evaluate's metrics moved: update this test"
+    dvc_yaml.write_text(text.replace(anchor, anchor + "      - models/baselines\n"))
+    changed = _relock_module().relock(copy)
+    assert ("register", "deps", "models/baselines") in changed
+    lock = yaml.safe_load((copy / "dvc.lock").read_text())["stages"]
+    produced = next(e for e in lock["baselines"]["outs"] if e["path"] == "models/baselines")
+    dep = next(e for e in lock["register"]["deps"] if e["path"] == "models/baselines")
+    assert (dep["hash"], dep["md5"], dep["size"]) == ("md5", produced["md5"], produced["size"])
