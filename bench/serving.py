@@ -27,6 +27,7 @@ import http.client
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -50,11 +51,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(model: str, engine: str, static: bool, log: Path, timeout: float = 180.0) -> Iterator[int]:
-    """``cascade serve`` in its own process group until /health answers; stopped after."""
+def served(model: str, engine: str, static: bool, log: Path, timeout: float = 180.0,
+           extra: tuple[str, ...] = ()) -> Iterator[int]:
+    """``cascade serve`` (with ``extra`` arguments) in its own process group until /health answers;
+    stopped after."""
     port = free_port()
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--model", model, "--engine", engine,
-           "--port", str(port), *(["--static"] if static else [])]
+           "--port", str(port), *(["--static"] if static else []), *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -165,9 +168,9 @@ def in_process(model: str, engine: str, images: np.ndarray, static: bool) -> flo
 
 
 def measure(model: str, engine: str, static: bool, singles: list[Path], batches: list[Path],
-            seconds: float, log: Path) -> dict:
+            seconds: float, log: Path, extra: tuple[str, ...] = ()) -> dict:
     out: dict[str, dict] = {}
-    with served(model, engine, static, log) as port:
+    with served(model, engine, static, log, extra=extra) as port:
         run_load(port, singles[:16], "image/png", 1, 1.0, 1)  # warm-up
         out["c1_single"] = run_sequential(port, singles[:16], "image/png", per_body=60)
         for clients in SINGLE_LOADS[1:]:
@@ -177,10 +180,11 @@ def measure(model: str, engine: str, static: bool, singles: list[Path], batches:
     return out
 
 
-def abuse_under_load(model: str, engine: str, singles: list[Path], seconds: float, log: Path) -> dict:
+def abuse_under_load(model: str, engine: str, singles: list[Path], seconds: float, log: Path,
+                     extra: tuple[str, ...] = ()) -> dict:
     from bench.abusive_request import send_all
 
-    with served(model, engine, False, log) as port:
+    with served(model, engine, False, log, extra=extra) as port:
         quiet = run_load(port, singles, "image/png", 1, seconds, 1)
         procs = [hey(port, body, "image/png", 1, seconds=seconds) for body in singles]
         time.sleep(min(1.0, seconds / 4))
@@ -201,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=8.0, help="load duration per measurement")
     p.add_argument("--engines", nargs="+", choices=("torch", "onnx"), default=["onnx", "torch"])
     p.add_argument("--out", type=Path, default=Path("bench/out/serving.json"))
+    p.add_argument("--serve-args", default="", help="more `cascade serve` arguments, e.g. '--api-servers 2'")
     args = p.parse_args(argv)
+    extra = tuple(shlex.split(args.serve_args))
     if shutil.which("hey") is None:
         p.error("hey is not installed (Debian package hey; scripts/setup.sh installs it)")
     from pipeline.registry.model_uri import resolve_model_uri
@@ -212,19 +218,20 @@ def main(argv: list[str] | None = None) -> int:
         with np.load(args.data / "test.npz", allow_pickle=False) as z:
             images = z["images"][: 64 + BATCH_PROCS * BATCH_IMAGES + 256]
         singles, batches = write_bodies(images, tmp)
-        report: dict = {"model": args.model, "cpus": os.cpu_count(), "seconds": args.seconds, "engines": {}}
+        report: dict = {"model": args.model, "cpus": os.cpu_count(), "seconds": args.seconds,
+                        "serve_args": list(extra), "engines": {}}
         for engine in args.engines:
             row: dict = {"in_process_b256": {}, "served": {}}
             for mode, static in (("exits", False), ("static", True)):
                 row["in_process_b256"][mode] = in_process(model, engine, images[-256:], static)
                 row["served"][mode] = measure(model, engine, static, singles, batches, args.seconds,
-                                              tmp / f"{engine}-{mode}.log")
+                                              tmp / f"{engine}-{mode}.log", extra)
                 print(json.dumps({engine: {mode: row["served"][mode]}}), flush=True)
             row["gain"] = {load: round(row["served"]["exits"][load]["images_per_s"]
                                        / max(row["served"]["static"][load]["images_per_s"], 1e-9), 2)
                            for load in row["served"]["exits"]}
             report["engines"][engine] = row
-        report["abuse"] = abuse_under_load(model, args.engines[0], singles, args.seconds, tmp / "abuse.log")
+        report["abuse"] = abuse_under_load(model, args.engines[0], singles, args.seconds, tmp / "abuse.log", extra)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_report(report)

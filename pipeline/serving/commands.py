@@ -48,6 +48,8 @@ def add_commands(sub: Any, default_model: str) -> None:
                        help="requests gathered into one batch at most (default 64)")
     serve.add_argument("--batch-timeout-ms", type=_positive(float), default=0.5,
                        help="how long a batch waits for more requests, in ms (default 0.5)")
+    serve.add_argument("--api-servers", type=_positive(int), default=1,
+                       help="HTTP front processes that decode and guard requests before the batch (default 1)")
     serve.add_argument("--static", action="store_true",
                        help="no early exit: every module on every image (to measure what the exits save)")
     serve.add_argument("--max-bytes", type=_positive(int), default=defaults.max_bytes,
@@ -116,7 +118,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                              timeout=args.timeout)
         try:
             config = ServeConfig(str(ready), args.engine, args.host, args.port, args.max_batch_size,
-                                 args.batch_timeout_ms / 1e3, exits=not args.static, limits=limits)
+                                 args.batch_timeout_ms / 1e3, api_servers=args.api_servers, exits=not args.static,
+                                 limits=limits)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -39,6 +39,7 @@ class ServeConfig:
     max_batch_size: int = DEFAULT_MAX_BATCH
     batch_timeout: float = DEFAULT_BATCH_TIMEOUT
     threads: int = 1
+    api_servers: int = 1  # LitServe's HTTP front processes (decoding and the guard run there)
     exits: bool = True  # False: the static path (every module on every image), for comparison
     limits: ServeLimits = ServeLimits()
 
@@ -49,8 +50,8 @@ class ServeConfig:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if self.max_batch_size < 1 or self.threads < 1:
-            raise ValueError("max_batch_size and threads must be >= 1")
+        if self.max_batch_size < 1 or self.threads < 1 or self.api_servers < 1:
+            raise ValueError("max_batch_size, threads and api_servers must be >= 1")
         if not 0 < self.batch_timeout <= 1:
             raise ValueError(f"batch_timeout must be in (0, 1] seconds, got {self.batch_timeout}")
 
@@ -127,5 +128,5 @@ def serve(config: ServeConfig) -> None:
     print(f"cascade serve: http://{config.host}:{config.port}{PREDICT_PATH} ({config.engine} engine, "
           f"batches of up to {config.max_batch_size} requests, wait {config.batch_timeout * 1e3:g} ms; "
           f"{'early exits' if config.exits else 'static path: no early exit'})", flush=True)
-    server.run(host=config.host, port=config.port, num_api_servers=1, generate_client_file=False,
+    server.run(host=config.host, port=config.port, num_api_servers=config.api_servers, generate_client_file=False,
                log_level="warning")
