@@ -22,6 +22,7 @@ import torch
 
 from pipeline.device import ComputeConfig, autocast, stages_to
 from pipeline.evaluation.dominance import held_out_choice
+from pipeline.evaluation.two_cnn import evaluate_baselines
 from pipeline.io import atomic_path, load_held_out, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.params.config import TrackingConfig, section
@@ -30,7 +31,7 @@ from pipeline.routing.assemble import load_stages
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 from pipeline.routing.package import CascadeMeta, packaged, plain_packaged, save_cascade
 from pipeline.routing.recognize import preprocess
-from pipeline.train.baselines import SMALL, held_out_figures, load_baselines
+from pipeline.train.baselines import LARGE, SMALL, load_baselines
 from stages.common import cli, params_of, parser
 
 
@@ -90,11 +91,11 @@ def main(argv: list[str] | None = None) -> None:
         packages["default_at_cascade_macs"] = (
             args.out_fixed_at_macs, *packaged(stages, cmeta, results["default_at_cascade_macs"], "default",
                                               budget_cfg, params))
-        plains = held_out_figures(plain, calib.images, calib.labels, kind)
+        plains = {name: figures for name, figures in evaluate_baselines(plain, calib.images, calib.labels).items()
+                  if name in (SMALL, LARGE)}
         shipped = held_out_choice(results["selected"], plains, len(calib))
         if shipped["model"] != "cascade":
-            net = plain.small if shipped["model"] == SMALL else plain.large
-            macs = plain.meta.macs_small if shipped["model"] == SMALL else plain.meta.macs_large
+            net, macs = plain.by_name(shipped["model"])
             cmeta = CascadeMeta(tuple(meta["classes"]), tuple(meta["image_shape"]), plain.meta.mean,
                                 plain.meta.std, kind)
             info = {"routing": shipped["model"], "shipped": shipped,

@@ -18,7 +18,8 @@ from torch import nn
 from pipeline.models.ops import OPS, ConvBNReLU, make_op
 from pipeline.search.space import Arch, Decision, SearchSpace
 
-KINDS = ("fixed", "supernet", "plain")  # plain: a baseline CNN shipped alone (never a params module kind)
+KINDS = ("fixed", "supernet")  # what params may name (pipeline.params.schema.KINDS)
+PLAIN = "plain"  # a baseline CNN shipped alone (calibrate), never a params module kind
 HEADS = ("pool_mlp", "gap")
 CONFIDENCE_KINDS = ("maxprob", "margin")
 NO_ARCH = Arch()  # the only architecture of a module without decisions (immutable)
@@ -68,8 +69,8 @@ def _is_int(value: object) -> bool:
 
 
 def _check_module_spec(spec: ModuleSpec) -> None:
-    if spec.kind not in KINDS:
-        raise ValueError(f"ModuleSpec.kind must be one of {KINDS}, got {spec.kind!r}")
+    if spec.kind not in (*KINDS, PLAIN):
+        raise ValueError(f"ModuleSpec.kind must be one of {(*KINDS, PLAIN)}, got {spec.kind!r}")
     if not _is_int(spec.channels) or spec.channels < 1:
         raise ValueError(f"ModuleSpec.channels must be an int >= 1, got {spec.channels!r}")
     if not _is_int(spec.stride) or spec.stride not in (1, 2):

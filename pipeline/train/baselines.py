@@ -157,18 +157,6 @@ def plain_outputs(module: PlainCNN, images_uint8: np.ndarray, mean: Sequence[flo
     return logits, confidence(logits, kind)  # (N, K), (N,)
 
 
-def held_out_figures(plain: Baselines, images_uint8: np.ndarray, labels: np.ndarray,
-                     kind: str = "maxprob") -> dict[str, dict[str, float]]:
-    """``{name: {"accuracy", "mean_macs"}}`` of both plain CNNs on labelled images (N, C, H, W) uint8:
-    what ``calibrate`` holds against the cascade on its held-out split to decide what ships."""
-    out = {}
-    for name, net, macs in ((SMALL, plain.small, plain.meta.macs_small), (LARGE, plain.large, plain.meta.macs_large)):
-        logits, _ = plain_outputs(net, images_uint8, plain.meta.mean, plain.meta.std, kind)
-        out[name] = {"accuracy": float((logits.argmax(dim=-1).numpy() == np.asarray(labels)).mean()),
-                     "mean_macs": float(macs)}
-    return out
-
-
 # ----------------------------------------------------------------------------------------- storage
 
 
@@ -217,6 +205,14 @@ class Baselines:
     small: PlainCNN
     large: PlainCNN
     meta: BaselinesMeta
+
+    def by_name(self, name: str) -> tuple[PlainCNN, int]:
+        """The net called ``name`` (``plain_small`` or ``plain_large``) and its MACs per image."""
+        if name == SMALL:
+            return self.small, self.meta.macs_small
+        if name == LARGE:
+            return self.large, self.meta.macs_large
+        raise ValueError(f"no plain CNN called {name!r} (have {SMALL}, {LARGE})")
 
 
 def save_baselines(directory: str | os.PathLike[str], small: PlainCNN, large: PlainCNN,

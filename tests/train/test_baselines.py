@@ -314,3 +314,11 @@ def test_training_calls_on_epoch_and_checks_images() -> None:
     assert seen == [1, 2]
     with pytest.raises(ValueError, match="uint8"):
         train_baseline(2, images.astype(np.float32), labels, MEAN, STD, 4, cfg, seed=0, progress=False)
+
+
+def test_a_baseline_by_name_with_its_macs() -> None:
+    small, large = stirred(2, 1), stirred(3, 2)
+    b = Baselines(small, large, make_meta(small, large))
+    assert b.by_name(SMALL) == (small, b.meta.macs_small) and b.by_name(LARGE) == (large, b.meta.macs_large)
+    with pytest.raises(ValueError, match="no plain CNN called 'two_cnn_cascade'"):
+        b.by_name(TWO_CNN)
