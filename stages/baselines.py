@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.data.difficulty import data_is_hard
 from pipeline.device import ComputeConfig
 from pipeline.evaluation.two_cnn import two_cnn_arrays, two_cnn_result, two_cnn_threshold
 from pipeline.io import atomic_path, load_held_out, load_split, read_json, write_json
@@ -44,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("models/baselines"),
                    help="model directory of the baselines")
     p.add_argument("--metrics", type=Path, default=Path("metrics/baselines.json"), help="metrics JSON")
+    p.add_argument("--graded", type=Path, default=Path("data/graded"),
+                   help="directory written by grade: its scores say whether the data is hard (min_steps_hard)")
     args = p.parse_args(argv)
     params = params_of(args)
     cfg = BaselineConfig.from_dict(params.get("baselines"))
@@ -55,9 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     num_classes = len(meta["classes"])
     train, calib = load_split(args.data, "train"), load_held_out(args.data, held_out)
     image_shape = tuple(int(v) for v in train.images.shape[1:])  # (C, H, W)
-    sized = cfg.sized_to(len(train))  # small data: epochs raised to min_steps optimiser steps
+    hard = bool(cfg.min_steps_hard) and data_is_hard(args.graded, num_classes)
+    sized = cfg.sized_to(len(train), hard)  # small data: epochs raised to the step floor
     if sized.epochs != cfg.epochs:
-        print(epochs_note("baselines", cfg.epochs, sized.epochs, cfg.min_steps, len(train), cfg.batch_size))
+        print(epochs_note("baselines", cfg.epochs, sized.epochs, cfg.floor(hard), len(train), cfg.batch_size, hard))
     cfg = sized
     # Normalisation statistics of the training images, as the train stage computes them for module 1.
     pixels = train.images.astype(np.float32) / 255.0

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.data.difficulty import data_is_hard
 from pipeline.data.grader_store import GRADER_FILE, levels_of, load_grader
 from pipeline.device import ComputeConfig, autocast, to_device
 from pipeline.evaluation.figures import comparison_table
@@ -84,9 +85,10 @@ def main(argv: list[str] | None = None) -> None:
                         for s in (load_split(args.data, "route"), load_split(args.data, "calib")))
     grader = load_grader(args.graded / GRADER_FILE)
     levels = levels_of(grader, test.images, test.labels, args.graded / "scores.csv")
-    epoch_budget = {  # as trained: min_steps may have raised the configured epochs on small data
-        "baselines": BaselineConfig.from_dict(params.get("baselines")).sized_to(
-            read_json(args.data / "meta.json")["splits"]["train"]["count"]).epochs,
+    base_cfg, meta_json = BaselineConfig.from_dict(params.get("baselines")), read_json(args.data / "meta.json")
+    hard = bool(base_cfg.min_steps_hard) and data_is_hard(args.graded, len(meta_json["classes"]))
+    epoch_budget = {  # as trained: the step floor may have raised the configured epochs on small data
+        "baselines": base_cfg.sized_to(meta_json["splits"]["train"]["count"], hard).epochs,
         "modules": [epochs_trained(args.models / key / "train") for key in params["modules"]]}
     torch.set_grad_enabled(False)
     with stage_run("evaluate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from pipeline.codegraph import ROOT, closure
+from pipeline.data.difficulty import data_is_hard
 from pipeline.device import ComputeConfig, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.config import ModelConfig
@@ -30,7 +31,7 @@ from pipeline.params.config import ConfigError, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
 from pipeline.train import distributed
-from pipeline.train.config import epochs_note, module_train_config, sized_to
+from pipeline.train.config import epochs_note, module_train_config, sized_to, step_floor
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats
 from pipeline.train.lock import CheckpointLocked, checkpoint_lock, lock_path
 from pipeline.train.loop import train_module
@@ -80,9 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
     index, subset = curriculum(train, args.graded / f"m{k}.txt")
-    sized = sized_to(cfg, len(subset))  # small data: epochs raised to min_steps optimiser steps
+    hard = bool(cfg.min_steps_hard) and data_is_hard(args.graded, len(meta["classes"]))
+    sized = sized_to(cfg, len(subset), hard)  # small data: epochs raised to the step floor
     if sized.epochs != cfg.epochs and world.main:
-        print(epochs_note(f"train@{name}", cfg.epochs, sized.epochs, cfg.min_steps, len(subset), cfg.batch_size))
+        floor = step_floor(cfg.min_steps, cfg.min_steps_hard, hard)
+        print(epochs_note(f"train@{name}", cfg.epochs, sized.epochs, floor, len(subset), cfg.batch_size, hard))
     cfg = sized
     mean, std = module_stats(k, train.images, args.models)  # measured for m1; later modules inherit m1's
     prefix = load_prefix(args.models, k, costs, mean, std)

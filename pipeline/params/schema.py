@@ -130,6 +130,7 @@ def _compute_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 TRAIN = {
     "epochs": Int(required=True, ge=1),
     "min_steps": Int(ge=0, default=0, doc="epochs raised to at least this many optimiser steps (small data)"),
+    "min_steps_hard": Int(ge=0, default=0, doc="the step floor instead where grade found the data hard"),
     "batch_size": Int(required=True, ge=1, le=65536),  # beyond this a batch no longer fits in memory
     "lr": Number(required=True, gt=0),
     "momentum": Number(ge=0, lt=1, default=0.9),
@@ -229,6 +230,7 @@ BASELINES = {
     "large_width": Int(ge=1, default=24),
     "epochs": Int(ge=1, default=8),
     "min_steps": Int(ge=0, default=0, doc="epochs raised to at least this many optimiser steps (small data)"),
+    "min_steps_hard": Int(ge=0, default=0, doc="the step floor instead where grade found the data hard"),
     "batch_size": Int(ge=1, le=65536, default=128),
     "lr": Number(gt=0, default=0.1),
     "momentum": Number(ge=0, lt=1, default=0.9),

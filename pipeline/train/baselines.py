@@ -27,7 +27,7 @@ from pipeline.models.cost import count_macs
 from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, PlainCNN, confidence
 from pipeline.params.keys import ParamsError
 from pipeline.params.settings import section_problems, settings
-from pipeline.train.config import TrainConfig, epochs_for
+from pipeline.train.config import TrainConfig, epochs_for, step_floor
 from pipeline.train.loop import train_module
 from pipeline.train.paths import module_outputs
 from pipeline.train.prefix import Prefix
@@ -62,6 +62,7 @@ class BaselineConfig:
     large_width: int = 24
     epochs: int = 8
     min_steps: int = 0
+    min_steps_hard: int = 0
     batch_size: int = 128
     lr: float = 0.1
     momentum: float = 0.9
@@ -85,9 +86,13 @@ class BaselineConfig:
         """Build from the ``baselines`` section (None or {} = defaults), checked by the schema."""
         return cls(**vars(settings({"baselines": d}, "baselines")))
 
-    def sized_to(self, images: int) -> BaselineConfig:
-        """The recipe with its epochs raised to ``min_steps`` optimiser steps over ``images`` images."""
-        return replace(self, epochs=epochs_for(self.epochs, self.min_steps, images, self.batch_size))
+    def floor(self, hard: bool) -> int:
+        """The step floor: ``min_steps``, or ``min_steps_hard`` on hard data (as the modules')."""
+        return step_floor(self.min_steps, self.min_steps_hard, hard)
+
+    def sized_to(self, images: int, hard: bool = False) -> BaselineConfig:
+        """The recipe with its epochs raised to its step floor over ``images`` images."""
+        return replace(self, epochs=epochs_for(self.epochs, self.floor(hard), images, self.batch_size))
 
     def train_config(self, seed: int) -> TrainConfig:
         """The recipe as a ``TrainConfig``: plain cross-entropy (lam = mu = 0)."""

@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.params.schema import params_problems
 from pipeline.train.baselines import BaselineConfig
-from pipeline.train.config import TrainConfig, epochs_for, epochs_note, sized_to
+from pipeline.train.config import TrainConfig, epochs_for, epochs_note, sized_to, step_floor
 from pipeline.train.outputs import epochs_trained
 
 
@@ -47,3 +47,18 @@ def test_min_steps_is_checked_by_the_schema() -> None:
 def test_epochs_trained_counts_the_history_rows(tmp_path: Path) -> None:
     (tmp_path / "history.csv").write_text("epoch,loss\n1,2.0\n2,1.5\n3,1.2\n")
     assert epochs_trained(tmp_path) == 3
+
+
+def test_hard_data_raises_the_floor_to_min_steps_hard_only_where_set() -> None:
+    cfg = TrainConfig(epochs=8, batch_size=64, lr=0.05, min_steps=600, min_steps_hard=1200)
+    assert step_floor(600, 1200, hard=True) == 1200 and step_floor(600, 1200, hard=False) == 600
+    assert step_floor(600, 0, hard=True) == 600  # unset: the hard floor never lowers the floor
+    assert step_floor(600, 300, hard=True) == 600
+    assert sized_to(cfg, 1707).epochs == 24 and sized_to(cfg, 1707, hard=True).epochs == 47  # 26 steps an epoch
+    base = BaselineConfig(epochs=8, batch_size=64, min_steps=600, min_steps_hard=1200)
+    assert (base.sized_to(1280).epochs, base.sized_to(1280, hard=True).epochs) == (30, 60)
+    assert base.floor(True) == 1200 and BaselineConfig(min_steps=600).floor(True) == 600
+    assert epochs_note("train@m1", 8, 47, 1200, 1707, 64, hard=True).endswith(
+        "under min_steps_hard 1,200 (grade found the data hard): training 47 epochs")
+    problems = "\n".join(params_problems({"baselines": {"min_steps_hard": -5}}, partial=True))
+    assert "baselines.min_steps_hard" in problems
