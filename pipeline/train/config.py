@@ -98,7 +98,7 @@ def epochs_for(epochs: int, min_steps: int, images: int, batch_size: int) -> int
 
 def step_floor(min_steps: int, min_steps_hard: int, hard: bool) -> int:
     """The step floor of a run: ``min_steps``, or ``min_steps_hard`` where it is larger and the data is hard
-    (on the scenes folder module 1 read 58% on calib at 600 steps and 78% at 1,200, still underfitting its
+    (on the scenes folder module 1 read 58% on calib at 600 steps and 81% at 1,200, still underfitting its
     training images; docs/RESULTS.md "Hard data trains longer")."""
     return max(min_steps, min_steps_hard) if hard else min_steps
 
