@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from pipeline.codegraph import ROOT, closure
-from pipeline.data.difficulty import data_is_hard
+from pipeline.data.difficulty import hard_floor_applies
 from pipeline.device import ComputeConfig, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.config import ModelConfig
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
     index, subset = curriculum(train, args.graded / f"m{k}.txt")
-    hard = bool(cfg.min_steps_hard) and data_is_hard(args.graded, len(meta["classes"]))
+    hard = hard_floor_applies(cfg.min_steps_hard, args.graded, len(meta["classes"]))
     sized = sized_to(cfg, len(subset), hard)  # small data: epochs raised to the step floor
     if sized.epochs != cfg.epochs and world.main:
         floor = step_floor(cfg.min_steps, cfg.min_steps_hard, hard)

@@ -42,3 +42,8 @@ def is_hard(difficulty: float) -> bool:
 def data_is_hard(graded: Path, num_classes: int) -> bool:
     """Whether grade found the training data hard (``HARD_SHARE``)."""
     return is_hard(relative_difficulty(read_scores(graded), num_classes))
+
+
+def hard_floor_applies(min_steps_hard: int, graded: Path, num_classes: int) -> bool:
+    """Whether a run's ``min_steps_hard`` is set and grade found the data hard (the scores are read only then)."""
+    return bool(min_steps_hard) and data_is_hard(graded, num_classes)

@@ -28,7 +28,7 @@ class TrainConfig:
     batch_size: int
     lr: float
     min_steps: int = 0  # epochs are raised until training takes at least this many optimiser steps
-    min_steps_hard: int = 0  # the floor instead, where grade found the data hard (pipeline.data.grading.is_hard)
+    min_steps_hard: int = 0  # the floor instead, where grade found the data hard (pipeline.data.difficulty.is_hard)
     momentum: float = 0.9
     weight_decay: float = 5e-4
     schedule: str = "cosine"
