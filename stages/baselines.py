@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.data.difficulty import hard_floor_applies
+from pipeline.data.difficulty import hard_setting_applies
 from pipeline.device import ComputeConfig
 from pipeline.evaluation.two_cnn import two_cnn_arrays, two_cnn_result, two_cnn_threshold
 from pipeline.io import atomic_path, load_held_out, load_split, read_json, write_json
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     num_classes = len(meta["classes"])
     train, calib = load_split(args.data, "train"), load_held_out(args.data, held_out)
     image_shape = tuple(int(v) for v in train.images.shape[1:])  # (C, H, W)
-    hard = hard_floor_applies(cfg.min_steps_hard, args.graded, num_classes)
+    hard = hard_setting_applies(cfg.min_steps_hard, args.graded, num_classes)
     sized = cfg.sized_to(len(train), hard)  # small data: epochs raised to the step floor
     if sized.epochs != cfg.epochs:
         print(epochs_note("baselines", cfg.epochs, sized.epochs, cfg.floor(hard), len(train), cfg.batch_size, hard))

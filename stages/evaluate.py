@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.data.difficulty import hard_floor_applies
+from pipeline.data.difficulty import hard_setting_applies
 from pipeline.data.grader_store import GRADER_FILE, levels_of, load_grader
 from pipeline.device import ComputeConfig, autocast, to_device
 from pipeline.evaluation.figures import comparison_table
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     grader = load_grader(args.graded / GRADER_FILE)
     levels = levels_of(grader, test.images, test.labels, args.graded / "scores.csv")
     base_cfg, meta_json = BaselineConfig.from_dict(params.get("baselines")), read_json(args.data / "meta.json")
-    hard = hard_floor_applies(base_cfg.min_steps_hard, args.graded, len(meta_json["classes"]))
+    hard = hard_setting_applies(base_cfg.min_steps_hard, args.graded, len(meta_json["classes"]))
     epoch_budget = {  # as trained: the step floor may have raised the configured epochs on small data
         "baselines": base_cfg.sized_to(meta_json["splits"]["train"]["count"], hard).epochs,
         "modules": [epochs_trained(args.models / key / "train") for key in params["modules"]]}

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from pipeline.codegraph import ROOT, closure
-from pipeline.data.difficulty import hard_floor_applies
+from pipeline.data.difficulty import hard_setting_applies
 from pipeline.device import ComputeConfig, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.config import ModelConfig
@@ -31,7 +32,7 @@ from pipeline.params.config import ConfigError, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
 from pipeline.train import distributed
-from pipeline.train.config import epochs_note, module_train_config, sized_to, step_floor
+from pipeline.train.config import epochs_note, kd_on, module_train_config, sized_to, step_floor
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats
 from pipeline.train.lock import CheckpointLocked, checkpoint_lock, lock_path
 from pipeline.train.loop import train_module
@@ -81,12 +82,15 @@ def main(argv: list[str] | None = None) -> None:
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
     index, subset = curriculum(train, args.graded / f"m{k}.txt")
-    hard = hard_floor_applies(cfg.min_steps_hard, args.graded, len(meta["classes"]))
+    hard = hard_setting_applies(cfg.min_steps_hard or cfg.kd_hard is not None, args.graded, len(meta["classes"]))
     sized = sized_to(cfg, len(subset), hard)  # small data: epochs raised to the step floor
     if sized.epochs != cfg.epochs and world.main:
         floor = step_floor(cfg.min_steps, cfg.min_steps_hard, hard)
         print(epochs_note(f"train@{name}", cfg.epochs, sized.epochs, floor, len(subset), cfg.batch_size, hard))
-    cfg = sized
+    if kd_on(cfg, hard) != cfg.kd and world.main:
+        print(f"train@{name}: distillation weight {kd_on(cfg, hard)} instead of {cfg.kd} (kd_hard: grade found "
+              "the data hard)")
+    cfg = replace(sized, kd=kd_on(cfg, hard))
     mean, std = module_stats(k, train.images, args.models)  # measured for m1; later modules inherit m1's
     prefix = load_prefix(args.models, k, costs, mean, std)
     soft = distillation_targets(cfg, name, args.teacher, train.images, index, mean, std)  # None unless kd > 0

@@ -44,6 +44,7 @@ def data_is_hard(graded: Path, num_classes: int) -> bool:
     return is_hard(relative_difficulty(read_scores(graded), num_classes))
 
 
-def hard_floor_applies(min_steps_hard: int, graded: Path, num_classes: int) -> bool:
-    """Whether a run's ``min_steps_hard`` is set and grade found the data hard (the scores are read only then)."""
-    return bool(min_steps_hard) and data_is_hard(graded, num_classes)
+def hard_setting_applies(setting: object, graded: Path, num_classes: int) -> bool:
+    """Whether a hard-data setting of the run (``min_steps_hard``, ``kd_hard``) is set (not None, 0 or
+    False) and grade found the data hard; the scores are read only then."""
+    return setting not in (None, 0, False) and data_is_hard(graded, num_classes)

@@ -160,6 +160,8 @@ TRAIN = {
     "paired_perf": Bool(default=True),
     "kd": Number(ge=0, default=0.0,
                  doc="distillation from plain_large's probabilities (needs train's --teacher)"),
+    "kd_hard": Number(ge=0, nullable=True, default=None,
+                      doc="distillation's weight instead where grade found the data hard (null: kd)"),
     "kd_temperature": Number(gt=0, default=1.0),
     "grad_clip": Number(ge=0, default=0.0, doc="clip the gradients' global norm to this (0: off)"),
     "processes": Int(ge=1, default=1),

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.data.difficulty import HARD_SHARE, data_is_hard, hard_floor_applies, read_scores, relative_difficulty
+from pipeline.data.difficulty import HARD_SHARE, data_is_hard, hard_setting_applies, read_scores, relative_difficulty
 
 
 def write_scores(folder: Path, scores: list) -> Path:
@@ -38,8 +38,10 @@ def test_data_is_hard_from_the_scores_grade_wrote(tmp_path: Path, mean_score: fl
                                                    hard: bool) -> None:
     folder = write_scores(tmp_path / "graded", [mean_score, mean_score])
     assert data_is_hard(folder, classes) is hard
-    assert hard_floor_applies(1200, folder, classes) is hard
-    assert hard_floor_applies(0, tmp_path / "no-scores-read", classes) is False  # unset: nothing is read
+    assert hard_setting_applies(1200, folder, classes) is hard
+    assert hard_setting_applies(0, tmp_path / "no-scores-read", classes) is False  # unset: nothing is read
+    assert hard_setting_applies(None, tmp_path / "no-scores-read", classes) is False
+    assert hard_setting_applies(True, folder, classes) is hard  # kd_hard set (to any weight, 0 included)
 
 
 HEADER = "id,label,score,level\n"

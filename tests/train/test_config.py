@@ -9,7 +9,7 @@ import pytest
 
 from pipeline.params.schema import params_problems
 from pipeline.train.baselines import BaselineConfig
-from pipeline.train.config import TrainConfig, epochs_for, epochs_note, sized_to, step_floor
+from pipeline.train.config import TrainConfig, epochs_for, epochs_note, kd_on, sized_to, step_floor
 from pipeline.train.outputs import epochs_trained
 
 
@@ -62,3 +62,14 @@ def test_hard_data_raises_the_floor_to_min_steps_hard_only_where_set() -> None:
         "under min_steps_hard 1,200 (grade found the data hard): training 47 epochs")
     problems = "\n".join(params_problems({"baselines": {"min_steps_hard": -5}}, partial=True))
     assert "baselines.min_steps_hard" in problems
+
+
+def test_kd_hard_replaces_kd_on_hard_data_only_where_set() -> None:
+    cfg = TrainConfig(epochs=8, batch_size=64, lr=0.05, kd=1.0, kd_hard=0.0)
+    assert (kd_on(cfg, hard=True), kd_on(cfg, hard=False)) == (0.0, 1.0)
+    unset = TrainConfig(epochs=8, batch_size=64, lr=0.05, kd=1.0)
+    assert unset.kd_hard is None and kd_on(unset, hard=True) == 1.0
+    assert kd_on(TrainConfig(epochs=8, batch_size=64, lr=0.05, kd=0.0, kd_hard=0.5), hard=True) == 0.5
+    problems = "\n".join(params_problems({"train": {"kd_hard": -1}}, partial=True))
+    assert "train.kd_hard" in problems
+    assert not [p for p in params_problems({"train": {"kd_hard": None}}, partial=True) if "kd_hard" in p]
