@@ -56,6 +56,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--cuda-device", default="cuda", help="the CUDA device: cuda or cuda:N (default cuda)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="CUDA runs' precision (the CPU always runs fp32; default fp32)")
+    p.add_argument("--warmup-images", type=int, default=1024,
+                   help="untimed training on this many images first, per module and device (CUDA context, "
+                        "cuDNN's algorithm choice, the allocator; default 1024, 0: none)")
     p.add_argument("--seed", type=int, default=0, help="weights, data order and random images (default 0)")
     p.add_argument("--out", type=Path, default=None, help="write the JSON table here too")
     args = p.parse_args(argv)
@@ -149,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         row: dict[str, Any] = {"module": name, "kind": spec.modules[k - 1].kind, "batch_size": cfg.batch_size}
         for dev_name, device in devices.items():
             precision = args.precision if device.type == "cuda" else "fp32"
+            warm = min(n, max(args.warmup_images, cfg.batch_size)) if args.warmup_images > 0 else 0
+            if warm:  # untimed: the first steps on a device pay for its set-up, not for the module
+                time_module(k, spec, images[:warm], labels[:warm], dataclasses.replace(cfg, epochs=1), device,
+                            precision, args.seed)
             seconds = time_module(k, spec, images, labels, cfg, device, precision, args.seed)
             row[f"{dev_name}_seconds"] = round(seconds, 3)
             row[f"{dev_name}_images_per_s"] = round(n * args.epochs / seconds, 1)
