@@ -7,6 +7,7 @@ its standard error, mean MACs and the pipeline's wall time.
     python -m bench.own_data                                   # 4 folders x seeds 0 1 2 (about an hour here)
     python -m bench.own_data --folders shop-colour-48 --seeds 0
     python -m bench.own_data --report bench/out/own_data.json  # the tables of an earlier run
+    python -m bench.own_data --rejudge KEPT/scenes-colour-64-seed0 ...  # kept runs' ship decision re-made
 
 Targets it checks (issue 37): on every folder and seed the shipped model is dominated by none of the
 others (another at <= its MACs more than one standard error better on test) and reads within 0.3
@@ -124,6 +125,38 @@ def held_out_figures(repo: Path) -> dict[str, Any]:
     }
 
 
+DECIDING_STAGES = ("calibrate", "evaluate", "register")  # what ships, its verdict and its registration
+
+
+def rejudge(repo: Path, logs: Path) -> dict[str, Any]:
+    """A kept run (``--keep``) decided again with this checkout's code: its pipeline/ and stages/ replace
+    the run's, then dvc.yaml's own calibrate, evaluate and register commands run there (the trained
+    models, the splits and the baselines stay as they are). For a change to what ships or how it is
+    judged, without training again."""
+    import shlex
+
+    import yaml
+
+    for part in ("pipeline", "stages"):
+        shutil.rmtree(repo / part)
+        shutil.copytree(ROOT / part, repo / part, ignore=shutil.ignore_patterns("__pycache__"))
+    stages = yaml.safe_load((repo / "dvc.yaml").read_text())["stages"]
+    started = time.perf_counter()
+    log = logs / f"{repo.name}-rejudge.log"
+    with open(log, "w") as fh:
+        for name in DECIDING_STAGES:
+            if subprocess.call(shlex.split(stages[name]["cmd"]), cwd=repo, env=env_for(repo), stdout=fh,
+                               stderr=subprocess.STDOUT) != 0:
+                return {"repo": repo.name, "failed": f"{name}: see {log}"}
+    folder, _, seed = repo.name.rpartition("-seed")
+    evaluation = json.loads((repo / "metrics" / "evaluate.json").read_text())
+    choice = json.loads((repo / "metrics" / "calibrate.json").read_text()).get("shipped", {})
+    meta = json.loads((repo / "data" / "prepared" / "meta.json").read_text())
+    return {"folder": folder, "seed": int(seed), "image_shape": meta.get("image_shape"),
+            "held_out": held_out_figures(repo), "shipped_choice": choice.get("reason"), **judge(evaluation),
+            "rejudge_s": round(time.perf_counter() - started, 1)}
+
+
 def run_one(
     folder: Path,
     seed: int,
@@ -223,7 +256,7 @@ def table(runs: list[dict[str, Any]]) -> str:
             f"| {r['folder']} | {r['seed']} | {shape} | {r['shipped']} | {100 * r['accuracy']:.2f}% "
             f"({100 * r['se']:.2f}) | {r['mean_macs'] / 1e6:.2f} M | {cell(rows['cascade'])} | {cell(best)} "
             f"| {cell(rows['plain_small'])} | {cell(rows['plain_large'])} | {cell(rows['two_cnn_cascade'])} "
-            f"| {dominated_cell(r)} | {r['pipeline_s'] / 60:.1f} |"
+            f"| {dominated_cell(r)} | {r.get('pipeline_s', r.get('rejudge_s', 0)) / 60:.1f} |"
         )
     return "\n".join(lines)
 
@@ -249,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--keep", type=Path, default=None, help="keep each run's repository under this folder")
     p.add_argument("--report", type=Path, default=None, help="print the tables of an earlier run and stop")
+    p.add_argument("--rejudge", type=Path, nargs="+", default=None, metavar="KEPT_RUN",
+                   help="runs kept by --keep (FOLDER-seedN): re-run their calibrate, evaluate and register with "
+                        "this checkout's code (no training) and write --out")
     args = p.parse_args(argv)
     if args.report:
         runs = json.loads(args.report.read_text())["runs"]
@@ -257,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logs = args.out.parent / "own_data_logs"
     logs.mkdir(parents=True, exist_ok=True)
+    if args.rejudge:
+        runs = [rejudge(repo.resolve(), logs) for repo in args.rejudge]
+        args.out.write_text(json.dumps({"profile": args.profile, "rejudged": True, "runs": runs,
+                                        "summary": summary(runs)}, indent=2) + "\n")
+        print(table([r for r in runs if "failed" not in r]))
+        print(json.dumps(summary(runs), indent=2))
+        return 0
     runs: list[dict[str, Any]] = []
     for name in args.folders:
         folder = make_folder(name, args.data_dir)
