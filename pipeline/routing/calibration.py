@@ -207,11 +207,14 @@ def calibrate_budget(
     *,
     exhaustive_limit: int = 4096,
     max_sweeps: int = 10,
+    least_if_none: bool = False,
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """Thresholds with the highest accuracy whose mean MACs per image are at most ``budget_macs``.
 
-    Fails if no setting in the grid fits the budget (it is below the cost of exiting early enough).
-    Returns the thresholds and the sweep, as ``calibrate_delta`` does.
+    Fails if no setting in the grid fits the budget (it is below the cost of exiting early enough),
+    unless ``least_if_none``: then the setting of least MACs (what a comparison at another cascade's
+    cost falls back to when that cost is below anything this cascade can reach). Returns the thresholds
+    and the sweep, as ``calibrate_delta`` does.
     """
     arrays = _arrays(conf, correct, cum_macs)
 
@@ -222,7 +225,7 @@ def calibrate_budget(
         return (ok, accuracy if ok else -macs, -macs)
 
     thresholds, sweep = _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps)
-    if not any(row["feasible"] for row in sweep):
+    if not least_if_none and not any(row["feasible"] for row in sweep):
         least = min(row["mean_macs"] for row in sweep)
         raise ValueError(f"no thresholds fit a budget of {budget_macs} MACs; the least found is {least:.0f}")
     return thresholds, sweep

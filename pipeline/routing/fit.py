@@ -27,8 +27,9 @@ def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind:
     scores = combine_exits(logits, decay)  # (N, K, classes)
     conf = confidence(scores, kind).numpy()
     correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
-    if cfg["mode"] == "budget":
-        thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]))
+    if cfg["mode"] == "budget":  # budget_least_if_none (not a params key): calibrate's equal-MACs comparison
+        thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]),
+                                             least_if_none=bool(cfg.get("budget_least_if_none", False)))
     else:
         thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
                                             reference=cfg["reference"], z=float(cfg.get("bound_z", 0.0)))
@@ -36,7 +37,9 @@ def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind:
     return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
             "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
             "exit_accuracy": correct.mean(axis=0).tolist(), "ensemble_decay": float(decay),
-            "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep}
+            "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep,
+            **({"budget_macs": float(cfg["budget_macs"]), "budget_met": bool(macs <= float(cfg["budget_macs"]))}
+               if cfg["mode"] == "budget" else {})}
 
 
 def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str) -> dict:

@@ -17,6 +17,7 @@ from pipeline.routing.calibration import (
     threshold_grid,
 )
 from pipeline.routing.engine import run_all_exits, run_cascade
+from pipeline.routing.fit import fit
 from tests.routing.conftest import TinyCascade, images
 
 
@@ -105,6 +106,25 @@ def test_calibrate_budget_is_the_most_accurate_within_budget() -> None:
     assert accuracy == max(row["accuracy"] for row in sweep if row["mean_macs"] <= budget)
     with pytest.raises(ValueError, match="budget"):
         calibrate_budget(conf, correct, cum_macs, 0.5 * cum_macs[:, 0].min(), 15)
+
+
+def test_a_budget_below_reach_can_fall_back_to_the_least_macs() -> None:
+    """calibrate's equal-MACs comparison: a routed cascade may cost less than the fixed one can reach (the
+    positive control's run stopped on it); then the fixed cascade's cheapest setting, said as budget_met."""
+    conf, correct, cum_macs = synthetic(1000, 3, seed=5)
+    budget = 0.5 * cum_macs[:, 0].min()
+    thresholds, sweep = calibrate_budget(conf, correct, cum_macs, budget, 15, least_if_none=True)
+    _, mean_macs, _ = simulate_thresholds(conf, correct, cum_macs, thresholds)
+    assert mean_macs == min(row["mean_macs"] for row in sweep) == cum_macs[:, 0].mean()
+    logits = torch.randn(200, 3, 4)
+    cum = np.tile([[1.0, 2.0, 4.0]], (200, 1))
+    y = torch.randint(0, 4, (200,))
+    cfg = {"mode": "budget", "budget_macs": 0.5, "grid": 10, "budget_least_if_none": True}
+    out = fit(logits, cum, y, cfg, "maxprob", 0.0)
+    assert (out["budget_met"], out["budget_macs"], out["mean_macs"]) == (False, 0.5, 1.0)
+    assert fit(logits, cum, y, {**cfg, "budget_macs": 4.0}, "maxprob", 0.0)["budget_met"] is True
+    with pytest.raises(ValueError, match="budget"):
+        fit(logits, cum, y, {**cfg, "budget_least_if_none": False}, "maxprob", 0.0)
 
 
 def test_oracle_leaves_at_the_first_right_exit() -> None:
