@@ -206,6 +206,8 @@ def random_router(repo: Path, seed: int) -> dict[str, Any]:
                 continue
             reached = choices[:, k][choices[:, k] >= 0]
             counts = torch.bincount(reached, minlength=len(stage.candidates)).double()
+            if counts.sum() == 0:  # no test image reaches this module: even shares (its held-out images may)
+                counts += 1
             shares[f"m{k + 1}"] = (counts / counts.sum()).tolist()
             stages[k] = replace(stage, predictor=RandomRouter(shares[f"m{k + 1}"], seed=seed + k))
         if not shares:
