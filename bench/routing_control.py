@@ -2,7 +2,7 @@
 predictable before it runs, put through the user's command, so "routing does not pay here" can be told
 apart from "routing is broken".
 
-    python -m bench.routing_control                      # seeds 0 1 2, about 30 min each on a busy 2-core host
+    python -m bench.routing_control                      # seeds 0 1 2, about 9 min each alone here
     python -m bench.routing_control --seeds 0 --keep /tmp/rc-runs
     python -m bench.routing_control --report docs/results/routing_control.json
 
