@@ -54,6 +54,13 @@ def test_judge_reads_the_plain_cnn_that_shipped_instead_of_the_cascade():
     assert "| s | 0 | 3x64x64 | plain_small | 80.00%" in table(row)
 
 
+def test_a_rejudged_run_is_tabled_with_its_own_minutes():
+    out = judge(evaluation(0.80, [0.75, 0.82, 0.82], small=0.70))
+    rejudged = [{"folder": "s", "seed": 2, "image_shape": [3, 64, 64], "rejudge_s": 120.0, **out}]
+    assert table(rejudged).endswith("| - | 2.0 |")  # no pipeline_s: the re-decision's minutes
+    assert "| s | 2 | 3x64x64 | cascade |" in table(rejudged)
+
+
 def test_the_scenes_and_the_colourised_garments_are_what_they_say():
     rng = np.random.default_rng(0)
     for shape in SHAPES:
