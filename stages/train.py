@@ -32,10 +32,10 @@ from pipeline.params.config import ConfigError, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
 from pipeline.train import distributed
-from pipeline.train.config import epochs_note, kd_on, module_train_config, sized_to, step_floor
+from pipeline.train.config import best_try, epochs_note, kd_on, module_train_config, sized_to, step_floor, tries_on
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats
 from pipeline.train.lock import CheckpointLocked, checkpoint_lock, lock_path
-from pipeline.train.loop import train_module
+from pipeline.train.loop import TrainResult, train_module
 from pipeline.train.outputs import done_line, epoch_line, iteration_log, train_metrics, write_train_outputs
 from pipeline.train.resume import (
     checkpoint_cache,
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     meta = read_json(args.data / "meta.json")
     train, calib = load_split(args.data, "train"), load_split(args.data, "calib")
     index, subset = curriculum(train, args.graded / f"m{k}.txt")
-    hard = hard_setting_applies(cfg.min_steps_hard or cfg.kd_hard is not None, args.graded, len(meta["classes"]))
+    hard = hard_setting_applies(cfg.min_steps_hard or cfg.kd_hard is not None or cfg.tries_hard > 1, args.graded,
+                                len(meta["classes"]))
     sized = sized_to(cfg, len(subset), hard)  # small data: epochs raised to the step floor
     if sized.epochs != cfg.epochs and world.main:
         floor = step_floor(cfg.min_steps, cfg.min_steps_hard, hard)
@@ -96,54 +97,74 @@ def main(argv: list[str] | None = None) -> None:
     soft = distillation_targets(cfg, name, args.teacher, train.images, index, mean, std)  # None unless kd > 0
     specs = model_cfg.for_input(int(meta["image_shape"][1])).specs  # module 1 strides on large images
     info = module_info(k, specs[k - 1], costs, len(meta["classes"]), prefix.mean, prefix.std)
-    module = initial_module(info, seed)  # torch.manual_seed(seed + k), then its initial weights
+    tries = tries_on(cfg, hard)  # one config, or on hard data one per training seed
+    if len(tries) > 1 and world.main:
+        print(f"train@{name}: {len(tries)} tries (tries_hard: grade found the data hard), train seeds "
+              f"{', '.join(str(c.seed) for c in tries)}; the highest final training accuracy is kept", flush=True)
     inputs = key_inputs(args.data, args.graded, args.profile, args.models, k,
                         args.teacher if soft is not None else None)
-    key = checkpoint_key(k, cfg, info.to_json()["spec"], seed, inputs, (ROOT / c for c in CODE))
+    keys = [checkpoint_key(k, c, info.to_json()["spec"], seed, inputs, (ROOT / code for code in CODE)) for c in tries]
     with ExitStack() as held:
         if world.main:  # rank 0 holds the module's checkpoint lock until the stage ends; a stale one is taken over
             try:
-                held.enter_context(checkpoint_lock(lock_path(checkpoint_cache(args.root, name, key), name),
+                held.enter_context(checkpoint_lock(lock_path(checkpoint_cache(args.root, name, keys[0]), name),
                                                    log=lambda line: print(f"train@{name}: {line}", flush=True)))
             except CheckpointLocked as exc:
                 raise StageFailed(f"train@{name}: {exc}") from None
-        cache = prepare_checkpoints(args.root, args.models / name, name, key, clean=world.main)  # rank 0 cleans
+        caches = [prepare_checkpoints(args.root, args.models / name, name, key, clean=world.main, keep=keys)
+                  for key in keys]  # rank 0 cleans what killed runs left, never another try's checkpoints
         distributed.barrier()  # rank 0 has cleaned up before any rank reads a checkpoint
-        module.to(device)
         prefix_to(prefix, device)
         train_args = dict(cost_of=lambda a: costs.macs(k, a), cost_max=costs.max_macs(k),
-                          exit_saving=costs.exit_saving(k), checkpoint_dir=cache, precision=compute.precision,
-                          soft_targets=soft)
+                          exit_saving=costs.exit_saving(k), precision=compute.precision, soft_targets=soft)
         if not world.main:  # the other ranks train in lockstep with rank 0, which alone writes and logs
-            train_module(module, prefix, subset.images, subset.labels, cfg, progress=False, **train_args)
+            for c, cache in zip(tries, caches, strict=True):
+                train_module(initial_module(info, seed).to(device), prefix, subset.images, subset.labels, c,
+                             progress=False, checkpoint_dir=cache, **train_args)
             distributed.finish()
             return
         with stage_run(f"train@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                        params={"train": cfg.__dict__, "spec": info.to_json()["spec"], "module": k,
-                               "train_images": len(subset), "checkpoint_key": key}) as run, \
+                               "train_images": len(subset), "checkpoint_key": keys[0]}) as run, \
                 atomic_path(args.models / name / "train", is_dir=True) as tmp:
-            ran: list[int] = []  # epochs trained by this process (fewer after a resume)
-
-            def on_epoch(epoch: int, record: dict, mod: torch.nn.Module, prob_model) -> None:
-                ran.append(epoch)
-                run.log_metrics({key: v for key, v in record.items() if isinstance(v, (int, float))}, step=epoch)
-                print(epoch_line(name, cfg.epochs, epoch, record), flush=True)
-
+            ran: list[int] = []  # epochs trained by this process, over the tries (fewer after a resume)
+            trained: list[tuple[torch.nn.Module, TrainResult]] = []
             started = time.perf_counter()
-            result = train_module(module, prefix, subset.images, subset.labels, cfg, on_epoch=on_epoch,
-                                  **train_args)
+            for t, (c, cache) in enumerate(zip(tries, caches, strict=True)):
+                label = name if len(tries) == 1 else f"{name} try {t + 1}/{len(tries)}"
+
+                def on_epoch(epoch: int, record: dict, mod: torch.nn.Module, prob_model, t=t, label=label) -> None:
+                    ran.append(epoch)
+                    run.log_metrics({key: v for key, v in record.items() if isinstance(v, (int, float))},
+                                    step=t * cfg.epochs + epoch)
+                    print(epoch_line(label, cfg.epochs, epoch, record), flush=True)
+
+                module = initial_module(info, seed).to(device)  # torch.manual_seed(seed + k): every try alike
+                trained.append((module, train_module(module, prefix, subset.images, subset.labels, c,
+                                                     on_epoch=on_epoch, checkpoint_dir=cache, **train_args)))
             seconds = time.perf_counter() - started
             distributed.finish()
+            accuracies = [result.history[-1]["train_acc"] for _, result in trained]
+            kept = best_try(accuracies)
+            module, result = trained[kept]
             module.cpu()  # outputs and the calib evaluation as on a CPU-only machine
             prefix_to(prefix, torch.device("cpu"))
             write_train_outputs(tmp, module, info, result)
             for step, values in iteration_log(result.iterations):
                 run.log_metrics(values, step=step)
-            metrics = train_metrics(module, prefix, calib, info, cfg, result, costs, len(subset), seconds,
+            metrics = train_metrics(module, prefix, calib, info, tries[kept], result, costs, len(subset), seconds,
                                     len(ran), world.size, device)
+            if len(tries) > 1:
+                metrics["tries"] = [{"train_seed": c.seed, "final_train_acc": a}
+                                    for c, a in zip(tries, accuracies, strict=True)]
+                metrics["kept_try"] = kept
+                metrics["resumed_after_epoch"] = len(tries) * cfg.epochs - len(ran)  # over the tries
+                print(f"train@{name}: kept try {kept + 1} (train seed {tries[kept].seed}); final training accuracy "
+                      + " / ".join(f"{a:.1%}" for a in accuracies), flush=True)
             write_json(args.metrics, metrics)
             run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
-        discard_checkpoints(cache)  # the stage succeeded: its output is committed
+        for cache in caches:
+            discard_checkpoints(cache)  # the stage succeeded: its output is committed
         print(done_line(name, metrics))
 
 

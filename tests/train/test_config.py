@@ -3,13 +3,23 @@ optimiser steps, large data keeps its configured epochs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pipeline.params.schema import params_problems
 from pipeline.train.baselines import BaselineConfig
-from pipeline.train.config import TrainConfig, epochs_for, epochs_note, kd_on, sized_to, step_floor
+from pipeline.train.config import (
+    TrainConfig,
+    best_try,
+    epochs_for,
+    epochs_note,
+    kd_on,
+    sized_to,
+    step_floor,
+    tries_on,
+)
 from pipeline.train.outputs import epochs_trained
 
 
@@ -73,3 +83,23 @@ def test_kd_hard_replaces_kd_on_hard_data_only_where_set() -> None:
     problems = "\n".join(params_problems({"train": {"kd_hard": -1}}, partial=True))
     assert "train.kd_hard" in problems
     assert not [p for p in params_problems({"train": {"kd_hard": None}}, partial=True) if "kd_hard" in p]
+
+
+def test_hard_data_trains_tries_hard_times_with_consecutive_train_seeds() -> None:
+    cfg = TrainConfig(epochs=8, batch_size=64, lr=0.05, seed=1, tries_hard=3)
+    assert tries_on(cfg, hard=False) == [cfg]
+    tries = tries_on(cfg, hard=True)
+    assert [c.seed for c in tries] == [1, 2, 3] and tries[0] == cfg
+    assert all(replace(c, seed=1) == cfg for c in tries)  # only the training seed differs
+    assert tries_on(TrainConfig(epochs=8, batch_size=64, lr=0.05), hard=True) == [
+        TrainConfig(epochs=8, batch_size=64, lr=0.05)]  # default 1: one try
+    problems = "\n".join(params_problems({"train": {"tries_hard": 0}}, partial=True))
+    assert "train.tries_hard" in problems
+
+
+def test_the_highest_training_accuracy_is_kept_the_earliest_on_a_tie() -> None:
+    assert best_try([0.722, 0.915, 0.908]) == 1  # the scenes' seed-1 data: the stalled try 1 is dropped
+    assert best_try([0.9, 0.9, 0.8]) == 0
+    assert best_try([0.5]) == 0
+    with pytest.raises(ValueError):
+        best_try([])
