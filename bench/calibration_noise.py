@@ -33,9 +33,9 @@ import torch
 from pipeline.io import load_split, write_json
 from pipeline.models.modules import confidence
 from pipeline.params.config import load_params, section
-from pipeline.routing.calibration import choose_ensemble_decay, simulate_thresholds
+from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import combine_exits
-from pipeline.routing.fit import exit_outputs, fit
+from pipeline.routing.fit import exit_outputs, fit, fit_best_ensemble
 
 # (logits (N, K, C), cumulative MACs (N, K), labels (N,)): one split's exit outputs
 Outputs = tuple[torch.Tensor, np.ndarray, torch.Tensor]
@@ -60,10 +60,9 @@ def score(data: Outputs, thresholds: list[float], decay: float, kind: str) -> tu
 
 
 def rule_pipeline(data: Outputs, cfg: dict, kind: str) -> tuple[list[float], float]:
-    """`calibrate`'s rule: thresholds per decay, the decay best on the same data."""
-    fits = {float(d): fit(*data, cfg, kind, float(d)) for d in cfg["ensemble_decays"]}
-    decay = choose_ensemble_decay(fits)
-    return fits[decay]["thresholds"], decay
+    """`calibrate`'s rule: thresholds per decay, the decay it keeps on the same data (`fit_best_ensemble`)."""
+    best = fit_best_ensemble(*data, cfg, kind)
+    return best["thresholds"], best["ensemble_decay"]
 
 
 def rule_cross_fit(a: Outputs, b: Outputs, cfg: dict, kind: str) -> tuple[list[float], float]:

@@ -11,6 +11,7 @@ from pipeline.routing.calibration import (
     calibrate_budget,
     calibrate_delta,
     choose_ensemble_decay,
+    exit_indices,
     simulate_thresholds,
 )
 from pipeline.routing.engine import Stage, combine_exits, run_all_exits
@@ -24,6 +25,13 @@ def exit_outputs(stages: list[Stage], x: torch.Tensor, kind: str) -> tuple[torch
 
 def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, decay: float) -> dict:
     """Thresholds for exits answering with the exit ensemble of ``decay`` (0: each exit alone)."""
+    result, _ = fit_with_answers(logits, cum, y, cfg, kind, decay)
+    return result
+
+
+def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str,
+                     decay: float) -> tuple[dict, np.ndarray]:
+    """``fit``, and the calibrated cascade's per-image answers on these images ((N,) bool, right or not)."""
     scores = combine_exits(logits, decay)  # (N, K, classes)
     conf = confidence(scores, kind).numpy()
     correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
@@ -34,18 +42,22 @@ def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind:
         thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
                                             reference=cfg["reference"], z=float(cfg.get("bound_z", 0.0)))
     acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
+    right = correct[np.arange(len(correct)), exit_indices(conf, thresholds)]  # (N,) the cascade's answers
     return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
             "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
             "exit_accuracy": correct.mean(axis=0).tolist(), "ensemble_decay": float(decay),
             "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep,
             **({"budget_macs": float(cfg["budget_macs"]), "budget_met": bool(macs <= float(cfg["budget_macs"]))}
-               if cfg["mode"] == "budget" else {})}
+               if cfg["mode"] == "budget" else {})}, right
 
 
 def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str) -> dict:
-    """``fit`` for every decay of ``cfg["ensemble_decays"]``; the one best on calib, with the others' figures."""
-    fits = {float(d): fit(logits, cum, y, cfg, kind, float(d)) for d in cfg["ensemble_decays"]}
-    best = fits[choose_ensemble_decay(fits)]
+    """``fit`` for every decay of ``cfg["ensemble_decays"]``; the one ``choose_ensemble_decay`` keeps (within
+    ``bound_z`` paired standard errors of the most accurate, the cheapest), with the others' figures."""
+    answered = {float(d): fit_with_answers(logits, cum, y, cfg, kind, float(d)) for d in cfg["ensemble_decays"]}
+    fits = {d: fitted for d, (fitted, _) in answered.items()}
+    best = fits[choose_ensemble_decay({d: {**fitted, "right": right} for d, (fitted, right) in answered.items()},
+                                      float(cfg.get("bound_z", 0.0)))]
     best["ensemble_tried"] = {f"{d:g}": {"accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
                                          "exit_accuracy": r["exit_accuracy"]} for d, r in fits.items()}
     return best

@@ -184,6 +184,26 @@ def test_choose_ensemble_decay_prefers_accuracy_then_macs_then_the_smaller_decay
         choose_ensemble_decay({})
 
 
+
+def _fit_row(right: list[int], macs: float) -> dict:
+    return {"accuracy": sum(right) / len(right), "mean_macs": macs, "right": np.array(right, dtype=bool)}
+
+
+def test_choose_ensemble_decay_within_z_standard_errors_takes_the_cheapest() -> None:
+    n = 400
+    base = [1] * 360 + [0] * 40  # 90%
+    one_fewer = [0, 0, 0] + base[3:360] + [1, 1] + base[362:]  # 3 lost, 2 gained: net one image, within an SE
+    many_fewer = [0] * 30 + base[30:]  # 30 fewer: the paired SE is ~1.3 points, the gap 7.5
+    fits = {0.0: _fit_row(one_fewer, 10.0), 0.5: _fit_row(base, 11.0), 1.0: _fit_row(many_fewer, 5.0)}
+    assert len(base) == n
+    assert choose_ensemble_decay(fits) == 0.5  # z = 0: the most accurate, as before
+    assert choose_ensemble_decay(fits, z=1.0) == 0.0  # one image does not buy 10% more MACs
+    assert choose_ensemble_decay({0.5: fits[0.5], 1.0: fits[1.0]}, z=1.0) == 0.5  # a real loss is no tie
+    same = {0.0: _fit_row(base, 12.0), 0.25: _fit_row(base, 12.0)}
+    assert choose_ensemble_decay(same, z=1.0) == 0.0  # a full tie: the smaller decay
+    with pytest.raises(ValueError, match="z must be"):
+        choose_ensemble_decay(fits, z=-1.0)
+
 # ----------------------------------------------------------------- the bound (calibrate.bound_z)
 
 
