@@ -88,13 +88,11 @@ def main(argv: list[str] | None = None) -> None:
         # Where routing costs less than the fixed cascade can reach (module 1's static path alone costs
         # more), its least-MACs setting instead, recorded with budget_met false.
         stages, cmeta, logits, cum, y = fixed_outputs
-        budget_cfg = {**cfg, "mode": "budget", "budget_macs": results["selected"]["mean_macs"],
-                      "budget_least_if_none": True}
-        results["default_at_cascade_macs"] = fit_best_ensemble(logits, cum, y, budget_cfg, kind)
-        fit_cfg = {k: v for k, v in budget_cfg.items() if k != "budget_least_if_none"}  # params keys only
+        budget_cfg = {**cfg, "mode": "budget", "budget_macs": results["selected"]["mean_macs"]}
+        results["default_at_cascade_macs"] = fit_best_ensemble(logits, cum, y, budget_cfg, kind, least_if_none=True)
         packages["default_at_cascade_macs"] = (
             args.out_fixed_at_macs, *packaged(stages, cmeta, results["default_at_cascade_macs"], "default",
-                                              fit_cfg, params))
+                                              budget_cfg, params))
         plains = {name: figures for name, figures in evaluate_baselines(plain, calib.images, calib.labels).items()
                   if name in (SMALL, LARGE)}
         shipped = held_out_choice(results["selected"], plains, len(calib))

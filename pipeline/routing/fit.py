@@ -23,21 +23,23 @@ def exit_outputs(stages: list[Stage], x: torch.Tensor, kind: str) -> tuple[torch
     return outs["logits"].cpu().float(), outs["cum_macs"].cpu().numpy()
 
 
-def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, decay: float) -> dict:
-    """Thresholds for exits answering with the exit ensemble of ``decay`` (0: each exit alone)."""
-    result, _ = fit_with_answers(logits, cum, y, cfg, kind, decay)
+def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, decay: float, *,
+        least_if_none: bool = False) -> dict:
+    """Thresholds for exits answering with the exit ensemble of ``decay`` (0: each exit alone). In budget
+    mode ``least_if_none`` takes the least-MACs setting where none fits the budget (else an error)."""
+    result, _ = fit_with_answers(logits, cum, y, cfg, kind, decay, least_if_none=least_if_none)
     return result
 
 
 def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str,
-                     decay: float) -> tuple[dict, np.ndarray]:
+                     decay: float, *, least_if_none: bool = False) -> tuple[dict, np.ndarray]:
     """``fit``, and the calibrated cascade's per-image answers on these images ((N,) bool, right or not)."""
     scores = combine_exits(logits, decay)  # (N, K, classes)
     conf = confidence(scores, kind).numpy()
     correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
-    if cfg["mode"] == "budget":  # budget_least_if_none (not a params key): calibrate's equal-MACs comparison
+    if cfg["mode"] == "budget":
         thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]),
-                                             least_if_none=bool(cfg.get("budget_least_if_none", False)))
+                                             least_if_none=least_if_none)
     else:
         thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
                                             reference=cfg["reference"], z=float(cfg.get("bound_z", 0.0)))
@@ -51,10 +53,12 @@ def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg
                if cfg["mode"] == "budget" else {})}, right
 
 
-def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str) -> dict:
+def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, *,
+                      least_if_none: bool = False) -> dict:
     """``fit`` for every decay of ``cfg["ensemble_decays"]``; the one ``choose_ensemble_decay`` keeps (within
     ``bound_z`` paired standard errors of the most accurate, the cheapest), with the others' figures."""
-    answered = {float(d): fit_with_answers(logits, cum, y, cfg, kind, float(d)) for d in cfg["ensemble_decays"]}
+    answered = {float(d): fit_with_answers(logits, cum, y, cfg, kind, float(d), least_if_none=least_if_none)
+                for d in cfg["ensemble_decays"]}
     fits = {d: fitted for d, (fitted, _) in answered.items()}
     best = fits[choose_ensemble_decay({d: {**fitted, "right": right} for d, (fitted, right) in answered.items()},
                                       float(cfg.get("bound_z", 0.0)))]

@@ -119,12 +119,12 @@ def test_a_budget_below_reach_can_fall_back_to_the_least_macs() -> None:
     logits = torch.randn(200, 3, 4)
     cum = np.tile([[1.0, 2.0, 4.0]], (200, 1))
     y = torch.randint(0, 4, (200,))
-    cfg = {"mode": "budget", "budget_macs": 0.5, "grid": 10, "budget_least_if_none": True}
-    out = fit(logits, cum, y, cfg, "maxprob", 0.0)
+    cfg = {"mode": "budget", "budget_macs": 0.5, "grid": 10}
+    out = fit(logits, cum, y, cfg, "maxprob", 0.0, least_if_none=True)
     assert (out["budget_met"], out["budget_macs"], out["mean_macs"]) == (False, 0.5, 1.0)
-    assert fit(logits, cum, y, {**cfg, "budget_macs": 4.0}, "maxprob", 0.0)["budget_met"] is True
+    assert fit(logits, cum, y, {**cfg, "budget_macs": 4.0}, "maxprob", 0.0, least_if_none=True)["budget_met"] is True
     with pytest.raises(ValueError, match="budget"):
-        fit(logits, cum, y, {**cfg, "budget_least_if_none": False}, "maxprob", 0.0)
+        fit(logits, cum, y, cfg, "maxprob", 0.0)
 
 
 def test_oracle_leaves_at_the_first_right_exit() -> None:
