@@ -36,7 +36,15 @@ from pipeline.train.config import best_try, epochs_note, kd_on, module_train_con
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats
 from pipeline.train.lock import CheckpointLocked, checkpoint_lock, lock_path
 from pipeline.train.loop import TrainResult, train_module
-from pipeline.train.outputs import done_line, epoch_line, iteration_log, train_metrics, write_train_outputs
+from pipeline.train.outputs import (
+    done_line,
+    epoch_line,
+    iteration_log,
+    train_metrics,
+    tries_line,
+    tries_record,
+    write_train_outputs,
+)
 from pipeline.train.resume import (
     checkpoint_cache,
     checkpoint_key,
@@ -99,8 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     info = module_info(k, specs[k - 1], costs, len(meta["classes"]), prefix.mean, prefix.std)
     tries = tries_on(cfg, hard)  # one config, or on hard data one per training seed
     if len(tries) > 1 and world.main:
-        print(f"train@{name}: {len(tries)} tries (tries_hard: grade found the data hard), train seeds "
-              f"{', '.join(str(c.seed) for c in tries)}; the highest final training accuracy is kept", flush=True)
+        print(tries_line(name, tries), flush=True)
     inputs = key_inputs(args.data, args.graded, args.profile, args.models, k,
                         args.teacher if soft is not None else None)
     keys = [checkpoint_key(k, c, info.to_json()["spec"], seed, inputs, (ROOT / code for code in CODE)) for c in tries]
@@ -155,12 +162,9 @@ def main(argv: list[str] | None = None) -> None:
             metrics = train_metrics(module, prefix, calib, info, tries[kept], result, costs, len(subset), seconds,
                                     len(ran), world.size, device)
             if len(tries) > 1:
-                metrics["tries"] = [{"train_seed": c.seed, "final_train_acc": a}
-                                    for c, a in zip(tries, accuracies, strict=True)]
-                metrics["kept_try"] = kept
-                metrics["resumed_after_epoch"] = len(tries) * cfg.epochs - len(ran)  # over the tries
-                print(f"train@{name}: kept try {kept + 1} (train seed {tries[kept].seed}); final training accuracy "
-                      + " / ".join(f"{a:.1%}" for a in accuracies), flush=True)
+                record, line = tries_record(name, tries, accuracies, kept, len(tries) * cfg.epochs - len(ran))
+                metrics.update(record)
+                print(line, flush=True)
             write_json(args.metrics, metrics)
             run.log_metrics({key: v for key, v in metrics.items() if isinstance(v, (int, float))})
         for cache in caches:
