@@ -32,20 +32,29 @@ def png_claiming(width: int, height: int, payload: int = 16_000) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b"")
 
 
-def _images(blob: bytes, n: int) -> bytes:
-    return json.dumps({"images": [base64.b64encode(blob).decode()] * n}).encode()
+def _images(blob: bytes, n: int, v2: bool = False) -> bytes:
+    data = [base64.b64encode(blob).decode()] * n
+    if v2:  # KServe v2 (cascade serve --server triton): a BYTES input of base64 PNGs
+        return json.dumps({"inputs": [{"name": "image", "shape": [n, 1], "datatype": "BYTES", "data": data}]}).encode()
+    return json.dumps({"images": data}).encode()
 
 
-def abusive_requests(good_png: bytes) -> dict[str, tuple[bytes, dict[str, str]]]:
-    """name -> (body, headers) of every abusive request (Content-Length is set by the sender)."""
+def abusive_requests(good_png: bytes, v2: bool = False) -> dict[str, tuple[bytes, dict[str, str]]]:
+    """name -> (body, headers) of every abusive request (Content-Length is set by the sender); ``v2``:
+    in the KServe v2 form of ``cascade serve --server triton``, where a raw PNG travels as a one-image
+    JSON request."""
     js, png = {"Content-Type": "application/json"}, {"Content-Type": "image/png"}
+
+    def raw(blob: bytes) -> tuple[bytes, dict[str, str]]:
+        return (_images(blob, 1, v2), js) if v2 else (blob, png)
+
     huge = png_claiming(4096, 4096)
     return {
-        "issue 29: 768 x 4096^2-pixel PNGs in 16.4 MB of JSON": (_images(huge, 768), js),
-        "256 x 4096^2-pixel PNGs in 5.5 MB (under the byte limit)": (_images(huge, 256), js),
-        "300 images in one request": (_images(good_png, 300), js),
-        "one raw PNG declaring 20000 x 20000": (png_claiming(20000, 20000), png),
-        "a truncated image": (good_png[: len(good_png) // 2], png),
+        "issue 29: 768 x 4096^2-pixel PNGs in 16.4 MB of JSON": (_images(huge, 768, v2), js),
+        "256 x 4096^2-pixel PNGs in 5.5 MB (under the byte limit)": (_images(huge, 256, v2), js),
+        "300 images in one request": (_images(good_png, 300, v2), js),
+        "one raw PNG declaring 20000 x 20000": raw(png_claiming(20000, 20000)),
+        "a truncated image": raw(good_png[: len(good_png) // 2]),
         "JSON nested 10,000 deep": (b"[" * 10_000 + b"]" * 10_000, js),
         "50 MB of non-UTF-8 bytes as JSON": (b"\xff" * (50 << 20), js),
         "malformed JSON": (b'{"images": ["abc"', js),
@@ -54,13 +63,14 @@ def abusive_requests(good_png: bytes) -> dict[str, tuple[bytes, dict[str, str]]]
     }
 
 
-def send(port: int, body: bytes, headers: dict[str, str], timeout: float = 30.0) -> tuple[int, float, str]:
+def send(port: int, body: bytes, headers: dict[str, str], timeout: float = 30.0,
+         path: str = "/invocations") -> tuple[int, float, str]:
     """(status, seconds, first 160 characters of the answer), timed from the first byte sent to the answer.
 
     Written on a raw socket: the body goes out in 64 KB pieces while the answer is watched for, so a
     server that refuses from the headers and closes (as it should for a 50 MB body) is seen to answer,
     not as a broken pipe. Status 0: no answer came."""
-    head = ["POST /invocations HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}",
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Content-Length: {len(body)}",
             "Connection: close", *(f"{k}: {v}" for k, v in headers.items())]
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
@@ -91,10 +101,10 @@ def send(port: int, body: bytes, headers: dict[str, str], timeout: float = 30.0)
     return status, seconds, text[:160]
 
 
-def send_all(port: int, good_png: bytes) -> list[dict[str, object]]:
+def send_all(port: int, good_png: bytes, path: str = "/invocations") -> list[dict[str, object]]:
     rows = []
-    for name, (body, headers) in abusive_requests(good_png).items():
-        status, seconds, text = send(port, body, headers)
+    for name, (body, headers) in abusive_requests(good_png, v2=path != "/invocations").items():
+        status, seconds, text = send(port, body, headers, path=path)
         rows.append({"request": name, "bytes": len(body), "status": status, "seconds": round(seconds, 3),
                      "answer": text, "refused_4xx_under_1s": 400 <= status < 500 and seconds < 1.0})
     return rows

@@ -15,7 +15,12 @@ engine's in-process throughput at batch 256. Then, under the 64-client single-im
 of ``bench.abusive_request`` must get a 4xx in < 1 s while the good requests keep their p99.
 
     python -m bench.serving --model models/cascade --data data/prepared [--seconds 8] [--engines torch onnx]
-                            [--out docs/results/serving.json]
+                            [--out docs/results/serving.json] [--server triton]
+
+With ``--server triton`` (``cascade serve --server triton``: Triton Inference Server, ONNX engine only)
+the same loads go to ``/v2/models/cascade/infer`` as KServe v2 JSON, the PNGs base64 in a BYTES tensor
+(single images too: a heavier body than LitServe's raw PNG); the abusive requests go in the same
+form (``bench.abusive_request``, v2).
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import numpy as np
 
 SINGLE_LOADS = (1, 16, 64)
 BATCH_CLIENTS, BATCH_IMAGES, BATCH_PROCS = 64, 64, 8
+PATHS = {"litserve": ("/health", "/invocations"), "triton": ("/v2/health/ready", "/v2/models/cascade/infer")}
 
 
 def free_port() -> int:
@@ -52,11 +58,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def served(model: str, engine: str, static: bool, log: Path, timeout: float = 180.0,
-           extra: tuple[str, ...] = ()) -> Iterator[int]:
-    """``cascade serve`` (with ``extra`` arguments) in its own process group until /health answers;
-    stopped after."""
+           extra: tuple[str, ...] = (), server: str = "litserve") -> Iterator[int]:
+    """``cascade serve`` (with ``extra`` arguments) in its own process group until its readiness path
+    answers; stopped after."""
     port = free_port()
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--model", model, "--engine", engine,
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--server", server, "--model", model, "--engine", engine,
            "--port", str(port), *(["--static"] if static else []), *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -67,7 +73,7 @@ def served(model: str, engine: str, static: bool, log: Path, timeout: float = 18
                 raise RuntimeError(f"cascade serve exited {proc.returncode}: {log.read_text()[-2000:]}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/health")
+                conn.request("GET", PATHS[server][0])
                 if conn.getresponse().status == 200:
                     break
             except OSError:
@@ -84,10 +90,10 @@ def served(model: str, engine: str, static: bool, log: Path, timeout: float = 18
 
 
 def hey(port: int, body: Path, kind: str, clients: int, *, seconds: float | None = None,
-        requests: int | None = None) -> subprocess.Popen:
+        requests: int | None = None, path: str = "/invocations") -> subprocess.Popen:
     amount = ["-z", f"{seconds}s"] if seconds is not None else ["-n", str(requests)]
     cmd = ["hey", *amount, "-c", str(clients), "-m", "POST", "-T", kind, "-D", str(body), "-o", "csv",
-           f"http://127.0.0.1:{port}/invocations"]
+           f"http://127.0.0.1:{port}{path}"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
@@ -107,10 +113,10 @@ def summary(latencies: list[float], statuses: list[int], seconds: float, per_req
 
 
 def run_load(port: int, bodies: list[Path], kind: str, clients_each: int, seconds: float,
-             per_request: int) -> dict:
+             per_request: int, path: str = "/invocations") -> dict:
     """One hey process per body, all at once, for ``seconds``; pooled latencies."""
     start = time.perf_counter()
-    procs = [hey(port, body, kind, clients_each, seconds=seconds) for body in bodies]
+    procs = [hey(port, body, kind, clients_each, seconds=seconds, path=path) for body in bodies]
     outs = [p.communicate()[0] for p in procs]
     wall = max(seconds, time.perf_counter() - start - 0.05)
     latencies, statuses = [], []
@@ -121,12 +127,12 @@ def run_load(port: int, bodies: list[Path], kind: str, clients_each: int, second
     return summary(latencies, statuses, min(wall, seconds * 1.02), per_request)
 
 
-def run_sequential(port: int, bodies: list[Path], kind: str, per_body: int) -> dict:
+def run_sequential(port: int, bodies: list[Path], kind: str, per_body: int, path: str = "/invocations") -> dict:
     """1 client: ``per_body`` requests of each body in turn; pooled latencies."""
     latencies, statuses, spent = [], [], 0.0
     for body in bodies:
         start = time.perf_counter()
-        lat, st = read_csv(hey(port, body, kind, 1, requests=per_body).communicate()[0])
+        lat, st = read_csv(hey(port, body, kind, 1, requests=per_body, path=path).communicate()[0])
         spent += time.perf_counter() - start
         latencies += lat
         statuses += st
@@ -134,23 +140,37 @@ def run_sequential(port: int, bodies: list[Path], kind: str, per_body: int) -> d
     return out
 
 
-def write_bodies(images: np.ndarray, tmp: Path) -> tuple[list[Path], list[Path]]:
+def v2_body(pngs: list[bytes]) -> str:
+    """A KServe v2 JSON request of ``cascade serve --server triton``: base64 PNGs in the BYTES input."""
+    import base64
+
+    return json.dumps({"inputs": [{"name": "image", "shape": [len(pngs), 1], "datatype": "BYTES",
+                                   "data": [base64.b64encode(b).decode() for b in pngs]}]})
+
+
+def write_bodies(images: np.ndarray, tmp: Path, server: str = "litserve") -> tuple[list[Path], list[Path], str]:
+    """(single-image bodies, 64-image bodies, the singles' content type) for ``server``."""
     import base64
 
     from pipeline.registry.payload import encode_png
 
     singles = []
     for i, image in enumerate(images[:64]):
-        path = tmp / f"single{i}.png"
-        path.write_bytes(encode_png(image))
+        path = tmp / f"single{i}.{'png' if server == 'litserve' else 'json'}"
+        if server == "litserve":
+            path.write_bytes(encode_png(image))
+        else:
+            path.write_text(v2_body([encode_png(image)]))
         singles.append(path)
     batches = []
     for j in range(BATCH_PROCS):
         chunk = images[64 + j * BATCH_IMAGES: 64 + (j + 1) * BATCH_IMAGES]
         path = tmp / f"batch{j}.json"
-        path.write_text(json.dumps({"images": [base64.b64encode(encode_png(im)).decode() for im in chunk]}))
+        pngs = [encode_png(im) for im in chunk]
+        path.write_text(json.dumps({"images": [base64.b64encode(b).decode() for b in pngs]})
+                        if server == "litserve" else v2_body(pngs))
         batches.append(path)
-    return singles, batches
+    return singles, batches, "image/png" if server == "litserve" else "application/json"
 
 
 def in_process(model: str, engine: str, images: np.ndarray, static: bool) -> float:
@@ -168,27 +188,31 @@ def in_process(model: str, engine: str, images: np.ndarray, static: bool) -> flo
 
 
 def measure(model: str, engine: str, static: bool, singles: list[Path], batches: list[Path],
-            seconds: float, log: Path, extra: tuple[str, ...] = ()) -> dict:
+            seconds: float, log: Path, extra: tuple[str, ...] = (), server: str = "litserve",
+            kind: str = "image/png") -> dict:
     out: dict[str, dict] = {}
-    with served(model, engine, static, log, extra=extra) as port:
-        run_load(port, singles[:16], "image/png", 1, 1.0, 1)  # warm-up
-        out["c1_single"] = run_sequential(port, singles[:16], "image/png", per_body=60)
+    path = PATHS[server][1]
+    with served(model, engine, static, log, extra=extra, server=server) as port:
+        run_load(port, singles[:16], kind, 1, 1.0, 1, path)  # warm-up
+        out["c1_single"] = run_sequential(port, singles[:16], kind, per_body=60, path=path)
         for clients in SINGLE_LOADS[1:]:
-            out[f"c{clients}_single"] = run_load(port, singles[:clients], "image/png", 1, seconds, 1)
+            out[f"c{clients}_single"] = run_load(port, singles[:clients], kind, 1, seconds, 1, path)
         out[f"c{BATCH_CLIENTS}_batch{BATCH_IMAGES}"] = run_load(
-            port, batches, "application/json", BATCH_CLIENTS // BATCH_PROCS, seconds, BATCH_IMAGES)
+            port, batches, "application/json", BATCH_CLIENTS // BATCH_PROCS, seconds, BATCH_IMAGES, path)
     return out
 
 
 def abuse_under_load(model: str, engine: str, singles: list[Path], seconds: float, log: Path,
-                     extra: tuple[str, ...] = ()) -> dict:
+                     extra: tuple[str, ...] = (), server: str = "litserve", kind: str = "image/png",
+                     good_png: bytes = b"") -> dict:
     from bench.abusive_request import send_all
 
-    with served(model, engine, False, log, extra=extra) as port:
-        quiet = run_load(port, singles, "image/png", 1, seconds, 1)
-        procs = [hey(port, body, "image/png", 1, seconds=seconds) for body in singles]
+    path = PATHS[server][1]
+    with served(model, engine, False, log, extra=extra, server=server) as port:
+        quiet = run_load(port, singles, kind, 1, seconds, 1, path)
+        procs = [hey(port, body, kind, 1, seconds=seconds, path=path) for body in singles]
         time.sleep(min(1.0, seconds / 4))
-        rows = send_all(port, singles[0].read_bytes())
+        rows = send_all(port, good_png or singles[0].read_bytes(), path)
         latencies, statuses = [], []
         for p in procs:
             lat, st = read_csv(p.communicate()[0])
@@ -206,7 +230,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", nargs="+", choices=("torch", "onnx"), default=["onnx", "torch"])
     p.add_argument("--out", type=Path, default=Path("bench/out/serving.json"))
     p.add_argument("--serve-args", default="", help="more `cascade serve` arguments, e.g. '--api-servers 2'")
+    p.add_argument("--server", choices=tuple(PATHS), default="litserve",
+                   help="cascade serve --server (triton: the onnx engine only)")
     args = p.parse_args(argv)
+    if args.server == "triton" and args.engines != ["onnx"]:
+        args.engines = ["onnx"]  # Triton's backend runs the ONNX engine only
     extra = tuple(shlex.split(args.serve_args))
     if shutil.which("hey") is None:
         p.error("hey is not installed (Debian package hey; scripts/setup.sh installs it)")
@@ -217,21 +245,24 @@ def main(argv: list[str] | None = None) -> int:
         model = str(resolve_model_uri(args.model, tmp / "model"))
         with np.load(args.data / "test.npz", allow_pickle=False) as z:
             images = z["images"][: 64 + BATCH_PROCS * BATCH_IMAGES + 256]
-        singles, batches = write_bodies(images, tmp)
+        singles, batches, kind = write_bodies(images, tmp, args.server)
         report: dict = {"model": args.model, "cpus": os.cpu_count(), "seconds": args.seconds,
-                        "serve_args": list(extra), "engines": {}}
+                        "server": args.server, "serve_args": list(extra), "engines": {}}
         for engine in args.engines:
             row: dict = {"in_process_b256": {}, "served": {}}
             for mode, static in (("exits", False), ("static", True)):
                 row["in_process_b256"][mode] = in_process(model, engine, images[-256:], static)
                 row["served"][mode] = measure(model, engine, static, singles, batches, args.seconds,
-                                              tmp / f"{engine}-{mode}.log", extra)
+                                              tmp / f"{engine}-{mode}.log", extra, args.server, kind)
                 print(json.dumps({engine: {mode: row["served"][mode]}}), flush=True)
             row["gain"] = {load: round(row["served"]["exits"][load]["images_per_s"]
                                        / max(row["served"]["static"][load]["images_per_s"], 1e-9), 2)
                            for load in row["served"]["exits"]}
             report["engines"][engine] = row
-        report["abuse"] = abuse_under_load(model, args.engines[0], singles, args.seconds, tmp / "abuse.log", extra)
+        from pipeline.registry.payload import encode_png
+
+        report["abuse"] = abuse_under_load(model, args.engines[0], singles, args.seconds, tmp / "abuse.log",
+                                           extra, args.server, kind, encode_png(images[0]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_report(report)
@@ -248,7 +279,9 @@ def print_report(report: dict) -> None:
                       f"{r['p99_ms']:8.2f} {r['non_200']:8d}")
         print(f"{engine}: in-process batch 256 {row['in_process_b256']}; early-exit gain at the endpoint "
               f"{row['gain']}")
-    abuse = report["abuse"]
+    abuse = report.get("abuse")
+    if abuse is None:
+        return
     print(f"good requests alone: p99 {abuse['good_alone']['p99_ms']} ms; during the abuse: p99 "
           f"{abuse['good_during_abuse']['p99_ms']} ms, non-200 {abuse['good_during_abuse']['non_200']}")
     for row in abuse["abusive"]:

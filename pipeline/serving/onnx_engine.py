@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.io import file_sha256
-from pipeline.serving.onnx_export import FORMAT, MANIFEST
+from pipeline.serving.onnx_format import FORMAT, MANIFEST
 
 NOT_REACHED = "-"
 

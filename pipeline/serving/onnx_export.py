@@ -25,10 +25,8 @@ from pipeline.models.modules import Subnet
 from pipeline.routing.engine import Stage
 from pipeline.routing.package import LoadedCascade, input_shapes, load_cascade
 from pipeline.search.space import Arch
+from pipeline.serving.onnx_format import FORMAT, FORMAT_VERSION, MANIFEST  # noqa: F401 (re-exported)
 
-FORMAT = "cascade-onnx"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 OPSET = 17
 
 

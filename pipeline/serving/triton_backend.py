@@ -1,0 +1,97 @@
+"""The cascade as a model of Triton Inference Server's Python backend (``cascade serve --server triton``).
+
+Triton's C++ HTTP front parses the requests and its dynamic batcher gathers them; :meth:`execute`
+gets one list of requests per batch, decodes their images with the same code as ``ingest``, runs them
+through the ONNX Runtime cascade with its early exits as one batch, and answers each request on its own
+(a bad image fails its request with a 400 and a message, never the requests batched with it).
+
+This file runs in Triton's Python stub, in the environment ``scripts/setup_triton.sh`` builds (NumPy,
+ONNX Runtime and Pillow; no torch): it imports only torch-free project modules. The settings come from
+the model's ``config.pbtxt`` parameters, written by :func:`pipeline.serving.triton.write_repository`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+import numpy as np
+
+from pipeline.data.sources import DataError, decode_image_bytes
+from pipeline.serving.onnx_engine import OnnxCascade
+
+MAGIC = (b"\x89PNG", b"\xff\xd8\xff")  # raw PNG/JPEG bytes (binary tensor extension); otherwise base64 text
+
+
+def parameters(model_config: dict[str, Any]) -> dict[str, str]:
+    """The ``parameters`` of a model config (``{"key": {"string_value": "..."}}``) as plain strings."""
+    return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
+def image_bytes(element: bytes) -> bytes:
+    """One element of the ``image`` tensor: raw PNG/JPEG bytes, or their base64 text (JSON requests)."""
+    if element.startswith(MAGIC):
+        return element
+    try:
+        return base64.b64decode(element, validate=True)
+    except (binascii.Error, ValueError):
+        raise DataError("image is neither PNG/JPEG bytes nor their base64 text") from None
+
+
+def decode_request(elements: list[bytes], shape: tuple[int, int, int], max_images: int,
+                   max_pixels: int) -> np.ndarray:
+    """A request's images as uint8 ``(n, C, H, W)``, or :class:`DataError` naming the bad one."""
+    if not elements:
+        raise DataError("the request has no image")
+    if len(elements) > max_images:
+        raise DataError(f"the request has {len(elements)} images, over the limit of {max_images}")
+    c, h, w = shape
+    return np.stack([decode_image_bytes(image_bytes(e), c, (h, w), max_pixels=max_pixels,
+                                        name=f"image {i}" if len(elements) > 1 else "image")
+                     for i, e in enumerate(elements)])
+
+
+def answer_arrays(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """The outputs of one request, ``(n, 1)`` each, from the engine's rows."""
+    return {"class_index": np.array([[r["class_index"]] for r in rows], dtype=np.int64),
+            "class_name": np.array([[r["class_name"].encode()] for r in rows], dtype=np.object_),
+            "confidence": np.array([[r["confidence"]] for r in rows], dtype=np.float32),
+            "exit": np.array([[r["exit"]] for r in rows], dtype=np.int64),
+            "macs": np.array([[r["macs"]] for r in rows], dtype=np.int64)}
+
+
+class TritonPythonModel:
+    """Triton's entry points: ``initialize`` loads the engine once, ``execute`` answers a batch."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        settings = parameters(json.loads(args["model_config"]))
+        self.engine = OnnxCascade(settings["onnx_dir"], threads=int(settings.get("threads", "1")))
+        self.exits = settings.get("exits", "1") == "1"
+        self.max_images = int(settings["max_images"])
+        self.max_pixels = int(settings["max_pixels"])
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        import triton_python_backend_utils as pb_utils  # exists only inside Triton's stub
+
+        decoded: list[np.ndarray | str] = []
+        for request in requests:
+            tensor = pb_utils.get_input_tensor_by_name(request, "image")
+            try:
+                decoded.append(decode_request([bytes(e) for e in tensor.as_numpy().reshape(-1)],
+                                              self.engine.image_shape, self.max_images, self.max_pixels))
+            except DataError as exc:
+                decoded.append(str(exc))
+        good = [x for x in decoded if not isinstance(x, str)]
+        rows = self.engine.recognize(np.concatenate(good), exits=self.exits) if good else []
+        out, start = [], 0
+        for x in decoded:
+            if isinstance(x, str):
+                out.append(pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(x, pb_utils.TritonError.INVALID_ARG)))
+                continue
+            part, start = rows[start:start + len(x)], start + len(x)
+            out.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(name, array) for name, array in answer_arrays(part).items()]))
+        return out

@@ -1,0 +1,147 @@
+"""`cascade serve --server triton` end to end: Triton Inference Server (scripts/setup_triton.sh) on the
+test cascade, concurrent good and bad requests in the KServe v2 protocol, and the pieces of
+pipeline.serving.triton / triton_backend that need no server."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.data.sources import DataError
+from pipeline.routing.package import load_cascade
+from pipeline.routing.recognize import recognize_arrays
+from pipeline.serving.limits import ServeLimits
+from pipeline.serving.triton import INFER_PATH, READY_PATH, TritonMissing, installed, model_config, triton_home
+from pipeline.serving.triton_backend import decode_request, image_bytes, parameters
+from tests.routing.test_package import uint8_images
+from tests.serving.test_requests import png
+from tests.serving.test_server import free_port
+
+
+def infer_body(images: list[bytes]) -> bytes:
+    return json.dumps({"inputs": [{"name": "image", "shape": [len(images), 1], "datatype": "BYTES",
+                                   "data": [base64.b64encode(b).decode() for b in images]}]}).encode()
+
+
+def post(port: int, body: bytes) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", INFER_PATH, body=body, headers={"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        return reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+
+
+def outputs(answer: dict) -> dict[str, list]:
+    return {o["name"]: o["data"] for o in answer["outputs"]}
+
+
+def test_an_element_is_raw_image_bytes_or_their_base64() -> None:
+    raw = png(np.zeros((8, 8), dtype=np.uint8))
+    assert image_bytes(raw) == raw
+    assert image_bytes(base64.b64encode(raw)) == raw
+    with pytest.raises(DataError, match="neither PNG/JPEG bytes nor their base64"):
+        image_bytes(b"not base64 at all!")
+
+
+def test_a_request_is_decoded_with_its_limits_naming_the_bad_image() -> None:
+    good = png(np.full((8, 8), 200, dtype=np.uint8))
+    assert decode_request([good, good], (1, 4, 4), max_images=2, max_pixels=100).shape == (2, 1, 4, 4)
+    with pytest.raises(DataError, match="3 images, over the limit of 2"):
+        decode_request([good] * 3, (1, 4, 4), max_images=2, max_pixels=100)
+    with pytest.raises(DataError, match="^image 1 "):
+        decode_request([good, b"\x89PNG broken"], (1, 4, 4), max_images=2, max_pixels=100)
+    with pytest.raises(DataError, match="image"):
+        decode_request([good], (1, 4, 4), max_images=2, max_pixels=10)  # 64 pixels over 10
+    with pytest.raises(DataError, match="no image"):
+        decode_request([], (1, 4, 4), max_images=2, max_pixels=100)
+
+
+def test_the_model_config_carries_the_batcher_and_the_settings(tmp_path: Path) -> None:
+    text = model_config(tmp_path, 32, 250, ServeLimits(max_queue=7, timeout=2.0, max_images=5), exits=False)
+    assert "max_batch_size: 32" in text and "max_queue_delay_microseconds: 250" in text
+    assert "queue_policy" not in text  # measured to cost Triton 2.51's batcher 8x (pipeline/serving/triton.py)
+    assert 'key: "exits" value: { string_value: "0" }' in text
+    assert 'key: "max_images" value: { string_value: "5" }' in text
+
+
+def test_parameters_of_a_model_config() -> None:
+    assert parameters({"parameters": {"a": {"string_value": "1"}}}) == {"a": "1"}
+    assert parameters({}) == {}
+
+
+def test_a_missing_install_says_how_to_install(tmp_path: Path) -> None:
+    with pytest.raises(TritonMissing, match="scripts/setup_triton.sh"):
+        installed(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def triton(tiny_model: Path) -> Iterator[int]:
+    try:
+        installed(triton_home())
+    except TritonMissing as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"{exc} (set-up installs it in CI)")
+        pytest.skip(str(exc))
+    port = free_port()
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--server", "triton", "--model", str(tiny_model),
+           "--port", str(port), "--max-images", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "server exited"
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", READY_PATH)
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.3)
+        else:
+            pytest.fail("cascade serve --server triton did not come up within 120 s")
+        yield port
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_triton_answers_as_the_engine_and_refuses_bad_images_alone(triton: int, tiny_model: Path) -> None:
+    images = uint8_images(24, seed=11)
+    expected = recognize_arrays(load_cascade(tiny_model), images)
+    jobs = [infer_body([png(im[0])]) for im in images] + [infer_body([b"\x89PNG not an image"])] * 8
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda body: post(triton, body), jobs))
+    good, bad = answers[:24], answers[24:]
+    assert all(status == 200 for status, _ in good), good[:2]
+    got = [(outputs(a)["class_index"][0], outputs(a)["exit"][0]) for _, a in good]
+    assert got == [(r["class_index"], r["exit"]) for r in expected]  # batched or not, the same answers
+    assert all(status == 400 and "image" in a["error"] for status, a in bad), bad[:2]
+
+
+def test_triton_many_images_in_one_request_and_the_image_limit(triton: int, tiny_model: Path) -> None:
+    images = uint8_images(64, seed=12)
+    status, answer = post(triton, infer_body([png(im[0]) for im in images]))
+    assert status == 200
+    expected = recognize_arrays(load_cascade(tiny_model), images)
+    assert outputs(answer)["exit"] == [r["exit"] for r in expected]
+    assert outputs(answer)["class_name"] == [r["class_name"] for r in expected]
+    status, answer = post(triton, infer_body([png(images[0, 0])] * 65))
+    assert status == 400 and "64" in answer["error"]  # Triton's own batch cap, set to --max-images
