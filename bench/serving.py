@@ -228,13 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, default=Path("data/prepared"), help="its test split gives the images")
     p.add_argument("--seconds", type=float, default=8.0, help="load duration per measurement")
     p.add_argument("--engines", nargs="+", choices=("torch", "onnx"), default=["onnx", "torch"])
-    p.add_argument("--out", type=Path, default=Path("bench/out/serving.json"))
+    p.add_argument("--out", type=Path, default=None, help="default bench/out/serving_<server>.json")
     p.add_argument("--serve-args", default="", help="more `cascade serve` arguments, e.g. '--api-servers 2'")
     p.add_argument("--server", choices=tuple(PATHS), default="litserve",
                    help="cascade serve --server (triton: the onnx engine only)")
     args = p.parse_args(argv)
     if args.server == "triton" and args.engines != ["onnx"]:
         args.engines = ["onnx"]  # Triton's backend runs the ONNX engine only
+    args.out = args.out or Path(f"bench/out/serving_{args.server}.json")
     extra = tuple(shlex.split(args.serve_args))
     if shutil.which("hey") is None:
         p.error("hey is not installed (Debian package hey; scripts/setup.sh installs it)")
