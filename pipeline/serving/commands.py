@@ -31,9 +31,9 @@ def add_commands(sub: Any, default_model: str) -> None:
     defaults = ServeLimits()
     serve = sub.add_parser(
         "serve", help="serve the cascade over HTTP (LitServe: adaptive batching, early exits, limits)",
-        description="Serve a cascade on POST /invocations: PNG/JPEG bytes (Content-Type image/png or "
-                    "image/jpeg), or JSON {\"image\": base64}, {\"images\": [...]} or MLflow's "
-                    "dataframe_split. "
+        description="Serve a cascade on POST /invocations (LitServe; --server triton: see there): PNG/JPEG "
+                    "bytes (Content-Type image/png or image/jpeg), or JSON {\"image\": base64}, "
+                    "{\"images\": [...]} or MLflow's dataframe_split. "
                     "Concurrent requests are batched; each batch runs with the cascade's early exits.")
     serve.add_argument("--model", default=DEFAULT_SERVE_MODEL,
                        help=f"registry URI models:/<name>@<alias> or models:/<name>/<version>, a model "
@@ -44,9 +44,9 @@ def add_commands(sub: Any, default_model: str) -> None:
     serve.add_argument("--server", choices=("litserve", "triton"), default="litserve",
                        help="serving engine: LitServe (POST /invocations; raw PNG/JPEG or JSON) or Triton "
                             "Inference Server (KServe v2 on /v2/models/cascade/infer; C++ front and batcher, "
-                            "about 3x the images/s under many clients; ONNX engine only; --max-queue and --timeout "
-                            "are not applied there; needs bash scripts/setup_triton.sh; docs/RESULTS.md "
-                            "'Serving')")
+                            "2-2.5x LitServe's images/s at 64 clients here; ONNX engine only; --max-bytes, "
+                            "--max-queue and --timeout are not applied there, and malformed JSON gets a 500; "
+                            "needs bash scripts/setup_triton.sh; docs/RESULTS.md 'Serving')")
     serve.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"),
                        help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
