@@ -18,9 +18,9 @@ of ``bench.abusive_request`` must get a 4xx in < 1 s while the good requests kee
                             [--out docs/results/serving.json] [--server triton]
 
 With ``--server triton`` (``cascade serve --server triton``: Triton Inference Server, ONNX engine only)
-the same loads go to ``/v2/models/cascade/infer`` as KServe v2 JSON, the PNGs base64 in a BYTES tensor
-(single images too: a heavier body than LitServe's raw PNG); the abusive requests go in the same
-form (``bench.abusive_request``, v2).
+the same loads go to ``/v2/models/cascade/infer`` in KServe v2: a single image as its raw PNG in the
+binary tensor extension (a padded JSON header, then the bytes), 64 images as JSON with base64 PNGs in a
+BYTES tensor; the abusive requests go in the v2 JSON form (``bench.abusive_request``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ import numpy as np
 SINGLE_LOADS = (1, 16, 64)
 BATCH_CLIENTS, BATCH_IMAGES, BATCH_PROCS = 64, 64, 8
 PATHS = {"litserve": ("/health", "/invocations"), "triton": ("/v2/health/ready", "/v2/models/cascade/infer")}
+V2_HEADER = 160  # bytes: Triton's single images go raw, after a JSON header padded to this length
+SINGLE_HEADERS = {"litserve": (), "triton": (f"Inference-Header-Content-Length: {V2_HEADER}",)}
 
 
 def free_port() -> int:
@@ -90,10 +92,10 @@ def served(model: str, engine: str, static: bool, log: Path, timeout: float = 18
 
 
 def hey(port: int, body: Path, kind: str, clients: int, *, seconds: float | None = None,
-        requests: int | None = None, path: str = "/invocations") -> subprocess.Popen:
+        requests: int | None = None, path: str = "/invocations", headers: tuple[str, ...] = ()) -> subprocess.Popen:
     amount = ["-z", f"{seconds}s"] if seconds is not None else ["-n", str(requests)]
     cmd = ["hey", *amount, "-c", str(clients), "-m", "POST", "-T", kind, "-D", str(body), "-o", "csv",
-           f"http://127.0.0.1:{port}{path}"]
+           *(arg for h in headers for arg in ("-H", h)), f"http://127.0.0.1:{port}{path}"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
 
@@ -113,10 +115,10 @@ def summary(latencies: list[float], statuses: list[int], seconds: float, per_req
 
 
 def run_load(port: int, bodies: list[Path], kind: str, clients_each: int, seconds: float,
-             per_request: int, path: str = "/invocations") -> dict:
+             per_request: int, path: str = "/invocations", headers: tuple[str, ...] = ()) -> dict:
     """One hey process per body, all at once, for ``seconds``; pooled latencies."""
     start = time.perf_counter()
-    procs = [hey(port, body, kind, clients_each, seconds=seconds, path=path) for body in bodies]
+    procs = [hey(port, body, kind, clients_each, seconds=seconds, path=path, headers=headers) for body in bodies]
     outs = [p.communicate()[0] for p in procs]
     wall = max(seconds, time.perf_counter() - start - 0.05)
     latencies, statuses = [], []
@@ -127,17 +129,29 @@ def run_load(port: int, bodies: list[Path], kind: str, clients_each: int, second
     return summary(latencies, statuses, min(wall, seconds * 1.02), per_request)
 
 
-def run_sequential(port: int, bodies: list[Path], kind: str, per_body: int, path: str = "/invocations") -> dict:
+def run_sequential(port: int, bodies: list[Path], kind: str, per_body: int, path: str = "/invocations",
+                   headers: tuple[str, ...] = ()) -> dict:
     """1 client: ``per_body`` requests of each body in turn; pooled latencies."""
     latencies, statuses, spent = [], [], 0.0
     for body in bodies:
         start = time.perf_counter()
-        lat, st = read_csv(hey(port, body, kind, 1, requests=per_body, path=path).communicate()[0])
+        lat, st = read_csv(hey(port, body, kind, 1, requests=per_body, path=path, headers=headers).communicate()[0])
         spent += time.perf_counter() - start
         latencies += lat
         statuses += st
     out = summary(latencies, statuses, sum(latencies) or spent, 1)
     return out
+
+
+def v2_binary_body(png: bytes) -> bytes:
+    """One raw PNG in Triton's binary tensor extension: a JSON header padded to ``V2_HEADER`` bytes (sent
+    as ``Inference-Header-Content-Length``), then the BYTES element (4-byte length, the PNG)."""
+    import struct
+
+    blob = struct.pack("<I", len(png)) + png
+    head = json.dumps({"inputs": [{"name": "image", "shape": [1, 1], "datatype": "BYTES",
+                                   "parameters": {"binary_data_size": len(blob)}}]})
+    return head.ljust(V2_HEADER).encode() + blob
 
 
 def v2_body(pngs: list[bytes]) -> str:
@@ -156,11 +170,8 @@ def write_bodies(images: np.ndarray, tmp: Path, server: str = "litserve") -> tup
 
     singles = []
     for i, image in enumerate(images[:64]):
-        path = tmp / f"single{i}.{'png' if server == 'litserve' else 'json'}"
-        if server == "litserve":
-            path.write_bytes(encode_png(image))
-        else:
-            path.write_text(v2_body([encode_png(image)]))
+        path = tmp / f"single{i}.{'png' if server == 'litserve' else 'bin'}"
+        path.write_bytes(encode_png(image) if server == "litserve" else v2_binary_body(encode_png(image)))
         singles.append(path)
     batches = []
     for j in range(BATCH_PROCS):
@@ -170,7 +181,7 @@ def write_bodies(images: np.ndarray, tmp: Path, server: str = "litserve") -> tup
         path.write_text(json.dumps({"images": [base64.b64encode(b).decode() for b in pngs]})
                         if server == "litserve" else v2_body(pngs))
         batches.append(path)
-    return singles, batches, "image/png" if server == "litserve" else "application/json"
+    return singles, batches, "image/png" if server == "litserve" else "application/octet-stream"
 
 
 def in_process(model: str, engine: str, images: np.ndarray, static: bool) -> float:
@@ -191,12 +202,12 @@ def measure(model: str, engine: str, static: bool, singles: list[Path], batches:
             seconds: float, log: Path, extra: tuple[str, ...] = (), server: str = "litserve",
             kind: str = "image/png") -> dict:
     out: dict[str, dict] = {}
-    path = PATHS[server][1]
+    path, headers = PATHS[server][1], SINGLE_HEADERS[server]
     with served(model, engine, static, log, extra=extra, server=server) as port:
-        run_load(port, singles[:16], kind, 1, 1.0, 1, path)  # warm-up
-        out["c1_single"] = run_sequential(port, singles[:16], kind, per_body=60, path=path)
+        run_load(port, singles[:16], kind, 1, 1.0, 1, path, headers)  # warm-up
+        out["c1_single"] = run_sequential(port, singles[:16], kind, per_body=60, path=path, headers=headers)
         for clients in SINGLE_LOADS[1:]:
-            out[f"c{clients}_single"] = run_load(port, singles[:clients], kind, 1, seconds, 1, path)
+            out[f"c{clients}_single"] = run_load(port, singles[:clients], kind, 1, seconds, 1, path, headers)
         out[f"c{BATCH_CLIENTS}_batch{BATCH_IMAGES}"] = run_load(
             port, batches, "application/json", BATCH_CLIENTS // BATCH_PROCS, seconds, BATCH_IMAGES, path)
     return out
@@ -207,10 +218,10 @@ def abuse_under_load(model: str, engine: str, singles: list[Path], seconds: floa
                      good_png: bytes = b"") -> dict:
     from bench.abusive_request import send_all
 
-    path = PATHS[server][1]
+    path, headers = PATHS[server][1], SINGLE_HEADERS[server]
     with served(model, engine, False, log, extra=extra, server=server) as port:
-        quiet = run_load(port, singles, kind, 1, seconds, 1, path)
-        procs = [hey(port, body, kind, 1, seconds=seconds, path=path) for body in singles]
+        quiet = run_load(port, singles, kind, 1, seconds, 1, path, headers)
+        procs = [hey(port, body, kind, 1, seconds=seconds, path=path, headers=headers) for body in singles]
         time.sleep(min(1.0, seconds / 4))
         rows = send_all(port, good_png or singles[0].read_bytes(), path)
         latencies, statuses = [], []

@@ -145,3 +145,21 @@ def test_triton_many_images_in_one_request_and_the_image_limit(triton: int, tiny
     assert outputs(answer)["class_name"] == [r["class_name"] for r in expected]
     status, answer = post(triton, infer_body([png(images[0, 0])] * 65))
     assert status == 400 and "64" in answer["error"]  # Triton's own batch cap, set to --max-images
+
+
+def test_triton_takes_a_raw_png_in_the_binary_extension(triton: int, tiny_model: Path) -> None:
+    from bench.serving import V2_HEADER, v2_binary_body
+
+    images = uint8_images(4, seed=13)
+    expected = recognize_arrays(load_cascade(tiny_model), images)
+    for image, row in zip(images, expected, strict=True):
+        conn = http.client.HTTPConnection("127.0.0.1", triton, timeout=30)
+        try:
+            conn.request("POST", INFER_PATH, body=v2_binary_body(png(image[0])),
+                         headers={"Content-Type": "application/octet-stream",
+                                  "Inference-Header-Content-Length": str(V2_HEADER)})
+            reply = conn.getresponse()
+            status, answer = reply.status, json.loads(reply.read())
+        finally:
+            conn.close()
+        assert status == 200 and outputs(answer)["class_index"] == [row["class_index"]]
