@@ -8,10 +8,6 @@ import base64
 import http.client
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,11 +19,10 @@ from pipeline.data.sources import DataError
 from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import recognize_arrays
 from pipeline.serving.limits import ServeLimits
-from pipeline.serving.triton import INFER_PATH, READY_PATH, TritonMissing, installed, model_config, triton_home
+from pipeline.serving.triton import INFER_PATH, TritonMissing, installed, model_config, triton_home
 from pipeline.serving.triton_backend import decode_request, image_bytes, parameters
 from tests.routing.test_package import uint8_images
 from tests.serving.test_requests import png
-from tests.serving.test_server import free_port
 
 
 def infer_body(images: list[bytes]) -> bytes:
@@ -89,38 +84,19 @@ def test_a_missing_install_says_how_to_install(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def triton(tiny_model: Path) -> Iterator[int]:
+def triton(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    from bench.serving import served
+
     try:
         installed(triton_home())
     except TritonMissing as exc:
         if os.environ.get("CI"):
             pytest.fail(f"{exc} (set-up installs it in CI)")
         pytest.skip(str(exc))
-    port = free_port()
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--server", "triton", "--model", str(tiny_model),
-           "--port", str(port), "--max-images", "64"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "server exited"
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", READY_PATH)
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.3)
-        else:
-            pytest.fail("cascade serve --server triton did not come up within 120 s")
+    log = tmp_path_factory.mktemp("triton") / "serve.log"
+    with served(str(tiny_model), "onnx", False, log, timeout=120, extra=("--max-images", "64"),
+                server="triton") as port:
         yield port
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_triton_answers_as_the_engine_and_refuses_bad_images_alone(triton: int, tiny_model: Path) -> None:
