@@ -122,8 +122,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             return 2
         limits = ServeLimits(max_bytes=args.max_bytes, max_images=args.max_images, max_queue=args.max_queue,
                              timeout=args.timeout)
-        if args.server == "triton":
-            return _serve_triton(args, Path(ready), Path(scratch), limits)
         try:
             config = ServeConfig(str(ready), args.engine, args.host, args.port, args.max_batch_size,
                                  args.batch_timeout_ms / 1e3, api_servers=args.api_servers, exits=not args.static,
@@ -131,6 +129,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        if args.server == "triton":  # the same checked config, served by Triton
+            return _serve_triton(config, Path(scratch))
         previous = signal.signal(signal.SIGTERM, _stop)  # a TERM unwinds, so the download is removed
         try:
             serve(config)
@@ -141,16 +141,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_triton(args: argparse.Namespace, onnx_dir: Path, scratch: Path, limits: ServeLimits) -> int:
+def _serve_triton(config: Any, scratch: Path) -> int:
     from pipeline.serving.triton import TritonMissing, run_triton
 
-    if args.engine != "onnx":
+    if config.engine != "onnx":
         print("error: --server triton runs the ONNX engine only (drop --engine torch)", file=sys.stderr)
         return 2
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
-        status = run_triton(onnx_dir, scratch, args.host, args.port, args.max_batch_size,
-                            round(args.batch_timeout_ms * 1e3), limits, exits=not args.static)
+        status = run_triton(Path(config.model_dir), scratch, config.host, config.port, config.max_batch_size,
+                            round(config.batch_timeout * 1e6), config.limits, exits=config.exits)
     except TritonMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
