@@ -44,7 +44,7 @@ def add_commands(sub: Any, default_model: str) -> None:
     serve.add_argument("--server", choices=("litserve", "triton"), default="litserve",
                        help="serving engine: LitServe (POST /invocations; raw PNG/JPEG or JSON) or Triton "
                             "Inference Server (KServe v2 on /v2/models/cascade/infer; C++ front and batcher, "
-                            "2-2.5x LitServe's images/s at 64 clients here; ONNX engine only; --max-bytes, "
+                            "2-3x LitServe's images/s at 64 clients here; ONNX engine only; --max-bytes, "
                             "--max-queue and --timeout are not applied there, and malformed JSON gets a 500; "
                             "needs bash scripts/setup_triton.sh; docs/RESULTS.md 'Serving')")
     serve.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"),
