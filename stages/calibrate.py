@@ -28,6 +28,7 @@ from pipeline.models.profile import CostModel
 from pipeline.params.config import TrackingConfig, section
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_stages
+from pipeline.routing.calibration import reach_line
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 from pipeline.routing.package import CascadeMeta, packaged, plain_packaged, save_cascade
 from pipeline.routing.recognize import preprocess
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
               f"thresholds {[round(t, 4) for t in res['thresholds']]} -> calib accuracy "
               f"{res['accuracy']:.4f} (last exit {res['last_exit_accuracy']:.4f}) "
               f"at {res['mean_macs']:,.0f} MACs "
-              f"(last exit {res['last_exit_mean_macs']:,.0f}); exits {res['exit_counts']}")
+              f"(last exit {res['last_exit_mean_macs']:,.0f}); exits {res['exit_counts']}; "
+              f"{reach_line(res['reach'], res['min_reach'])}")
     print(f"calibrate: {shipped['reason']}")
 
 

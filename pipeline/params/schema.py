@@ -211,6 +211,8 @@ CALIBRATE = {
                       doc="delta mode: the loss bound is its estimate + bound_z standard errors (0: the estimate)"),
     "held_out": Str(choices=HELD_OUT, default="calib",
                     doc="what thresholds are fitted on: pooled (route + calib) or calib"),
+    "min_reach": Number(ge=0, lt=1, default=0.0,
+                        doc="thresholds send at least this share of the held-out images to every module"),
 }
 
 

@@ -101,10 +101,12 @@ def _search(
     feasible: Callable[[np.ndarray, float], bool],
     exhaustive_limit: int,
     max_sweeps: int,
+    min_reach: float = 0.0,
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """Best thresholds under ``key``: every combination if there are at most ``exhaustive_limit``,
     else coordinate descent from "never exit early" (one exit's grid at a time, until no change).
-    ``feasible(right, mean_macs)`` sees each image's answer (right (N,) bool) under the setting.
+    ``feasible(right, mean_macs)`` sees each image's answer (right (N,) bool) under the setting; a
+    setting that sends fewer than ``min_reach`` of the images to some module is not feasible either.
     """
     seen: dict[tuple[float, ...], dict[str, Any]] = {}
     conf, correct, cum_macs = arrays
@@ -115,12 +117,13 @@ def _search(
             exits = exit_indices(conf, thresholds)  # (N,)
             right = correct[rows, exits]  # (N,)
             accuracy, mean_macs = float(right.mean()), float(cum_macs[rows, exits].mean())
+            counts = np.bincount(exits, minlength=conf.shape[1])  # (K,)
             seen[thresholds] = {
                 "thresholds": list(thresholds),
                 "accuracy": accuracy,
                 "mean_macs": mean_macs,
-                "exit_counts": np.bincount(exits, minlength=conf.shape[1]).tolist(),
-                "feasible": feasible(right, mean_macs),
+                "exit_counts": counts.tolist(),
+                "feasible": feasible(right, mean_macs) and reaches(counts, min_reach),
             }
         return seen[thresholds]
 
@@ -145,6 +148,30 @@ def _search(
     return list(best["thresholds"]), list(seen.values())
 
 
+def reach_shares(exit_counts: Sequence[int]) -> list[float]:
+    """Share of the images that reach each module (module 1: all of them), from the counts per exit."""
+    counts = np.asarray(exit_counts, dtype=np.float64)  # (K,)
+    if counts.ndim != 1 or counts.size == 0 or counts.sum() <= 0:
+        raise ValueError(f"reach_shares needs non-empty counts per exit, got {list(exit_counts)}")
+    return (counts[::-1].cumsum()[::-1] / counts.sum()).tolist()
+
+
+def reaches(exit_counts: Sequence[int], min_reach: float) -> bool:
+    """Whether every module is reached by at least ``min_reach`` of the images (0: always)."""
+    return not min_reach or min(reach_shares(exit_counts)) >= min_reach - TOLERANCE
+
+
+def reach_line(reach: Sequence[float], min_reach: float) -> str:
+    """``modules reached by 100.0% / 18.2% / 6.1% (floor 6%)``, for a stage's last lines."""
+    floor = f" (floor {min_reach:.0%})" if min_reach else ""
+    return f"modules reached by {' / '.join(f'{r:.1%}' for r in reach)}{floor}"
+
+
+def _check_reach(min_reach: float) -> None:
+    if not 0 <= min_reach < 1:
+        raise ValueError(f"min_reach is a share in [0, 1), got {min_reach}")
+
+
 def calibrate_delta(
     conf: Any,
     correct: Any,
@@ -156,6 +183,7 @@ def calibrate_delta(
     max_sweeps: int = 10,
     reference: str = "last",
     z: float = 0.0,
+    min_reach: float = 0.0,
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """Thresholds with the least mean MACs whose accuracy loss against the reference is at most
     ``delta`` (a fraction: 0.003 is 0.3 pp), on the data given. ``reference``: ``last`` = always
@@ -168,6 +196,9 @@ def calibrate_delta(
     the rule keeps images going to the reference exit unless the data show the early exits are safe;
     on a large set the bound is close to the estimate. ``z`` = 0 is the point estimate.
 
+    ``min_reach`` > 0 keeps only settings that send at least that share of the images to every module
+    (never exiting early always does), so no module the run trained is left without images.
+
     ``grid`` is a number of quantiles per exit (see ``threshold_grid``) or explicit candidate lists.
     Returns the thresholds and the sweep: one row per evaluated setting (``thresholds``,
     ``accuracy``, ``mean_macs``, ``exit_counts``, ``feasible``), for writing and plotting.
@@ -178,6 +209,7 @@ def calibrate_delta(
         raise ValueError(f"z must be >= 0, got {z}")
     if reference not in REFERENCES:
         raise ValueError(f"reference must be one of {REFERENCES}, got {reference!r}")
+    _check_reach(min_reach)
     arrays = _arrays(conf, correct, cum_macs)
     exit_acc = arrays[1].mean(axis=0)  # (K,)
     ref = arrays[1][:, -1 if reference == "last" else int(np.argmax(exit_acc))]  # (N,) the reference's answers
@@ -188,7 +220,7 @@ def calibrate_delta(
     def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, -macs if ok else accuracy, accuracy)
 
-    return _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps)
+    return _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps, min_reach)
 
 
 def loss_bound(reference: np.ndarray, right: np.ndarray, z: float) -> float:
@@ -208,14 +240,17 @@ def calibrate_budget(
     exhaustive_limit: int = 4096,
     max_sweeps: int = 10,
     least_if_none: bool = False,
+    min_reach: float = 0.0,
 ) -> tuple[list[float], list[dict[str, Any]]]:
-    """Thresholds with the highest accuracy whose mean MACs per image are at most ``budget_macs``.
+    """Thresholds with the highest accuracy whose mean MACs per image are at most ``budget_macs``
+    (and, with ``min_reach`` > 0, that send at least that share of the images to every module).
 
     Fails if no setting in the grid fits the budget (it is below the cost of exiting early enough),
     unless ``least_if_none``: then the setting of least MACs (what a comparison at another cascade's
     cost falls back to when that cost is below anything this cascade can reach). Returns the thresholds
     and the sweep, as ``calibrate_delta`` does.
     """
+    _check_reach(min_reach)
     arrays = _arrays(conf, correct, cum_macs)
 
     def feasible(_right: np.ndarray, macs: float) -> bool:
@@ -224,10 +259,14 @@ def calibrate_budget(
     def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, accuracy if ok else -macs, -macs)
 
-    thresholds, sweep = _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps)
+    thresholds, sweep = _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps,
+                                min_reach)
     if not least_if_none and not any(row["feasible"] for row in sweep):
-        least = min(row["mean_macs"] for row in sweep)
-        raise ValueError(f"no thresholds fit a budget of {budget_macs} MACs; the least found is {least:.0f}")
+        least = min((row["mean_macs"] for row in sweep if reaches(row["exit_counts"], min_reach)),
+                    default=math.inf)
+        raise ValueError(f"no thresholds fit a budget of {budget_macs} MACs"
+                         f"{f' with every module reached by {min_reach:.0%}' if min_reach else ''};"
+                         f" the least found is {least:.0f}")
     return thresholds, sweep
 
 

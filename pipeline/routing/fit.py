@@ -12,6 +12,7 @@ from pipeline.routing.calibration import (
     calibrate_delta,
     choose_ensemble_decay,
     exit_indices,
+    reach_shares,
     simulate_thresholds,
 )
 from pipeline.routing.engine import Stage, combine_exits, run_all_exits
@@ -34,19 +35,22 @@ def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind:
 def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str,
                      decay: float, *, least_if_none: bool = False) -> tuple[dict, np.ndarray]:
     """``fit``, and the calibrated cascade's per-image answers on these images ((N,) bool, right or not)."""
+    min_reach = float(cfg.get("min_reach", 0.0))
     scores = combine_exits(logits, decay)  # (N, K, classes)
     conf = confidence(scores, kind).numpy()
     correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
     if cfg["mode"] == "budget":
         thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]),
-                                             least_if_none=least_if_none)
+                                             least_if_none=least_if_none, min_reach=min_reach)
     else:
         thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
-                                            reference=cfg["reference"], z=float(cfg.get("bound_z", 0.0)))
+                                            reference=cfg["reference"], z=float(cfg.get("bound_z", 0.0)),
+                                            min_reach=min_reach)
     acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
     right = correct[np.arange(len(correct)), exit_indices(conf, thresholds)]  # (N,) the cascade's answers
     return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
-            "exit_counts": np.asarray(counts).tolist(), "last_exit_accuracy": float(correct[:, -1].mean()),
+            "exit_counts": np.asarray(counts).tolist(), "reach": reach_shares(counts), "min_reach": min_reach,
+            "last_exit_accuracy": float(correct[:, -1].mean()),
             "exit_accuracy": correct.mean(axis=0).tolist(), "ensemble_decay": float(decay),
             "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep,
             **({"budget_macs": float(cfg["budget_macs"]), "budget_met": bool(macs <= float(cfg["budget_macs"]))}

@@ -238,3 +238,46 @@ def test_the_bound_keeps_images_going_on_a_small_set_and_costs_little_on_a_large
 def test_a_negative_z_is_refused():
     with pytest.raises(ValueError, match="z must be >= 0"):
         calibrate_delta(*synthetic(10, 2, seed=0), 0.003, z=-1.0)
+
+
+def test_reach_shares_counts_the_images_that_get_to_each_module() -> None:
+    from pipeline.routing.calibration import reach_line, reach_shares, reaches
+
+    assert reach_shares([80, 15, 5]) == pytest.approx([1.0, 0.2, 0.05])
+    assert reaches([80, 15, 5], 0.05) and not reaches([80, 16, 4], 0.05) and reaches([100, 0, 0], 0.0)
+    assert reach_line([1.0, 0.2, 0.05], 0.05) == "modules reached by 100.0% / 20.0% / 5.0% (floor 5%)"
+    with pytest.raises(ValueError, match="counts"):
+        reach_shares([0, 0])
+
+
+@pytest.mark.parametrize("mode", ["delta", "budget"])
+def test_a_reach_floor_sends_that_share_to_every_module(mode: str) -> None:
+    conf, correct, cum_macs = synthetic(2000, 3, seed=8)
+    # A last module that adds little: the cheapest setting within the bar leaves it (almost) idle.
+    correct[:, 2] = correct[:, 1]
+    if mode == "delta":
+        free, _ = calibrate_delta(conf, correct, cum_macs, 0.01, 30)
+        floored, sweep = calibrate_delta(conf, correct, cum_macs, 0.01, 30, min_reach=0.1)
+    else:
+        budget = cum_macs[:, -1].mean()
+        free, _ = calibrate_budget(conf, correct, cum_macs, budget, 30)
+        floored, sweep = calibrate_budget(conf, correct, cum_macs, budget, 30, min_reach=0.1)
+    free_counts = simulate_thresholds(conf, correct, cum_macs, free)[2]
+    counts = simulate_thresholds(conf, correct, cum_macs, floored)[2]
+    assert free_counts[2] < 0.1 * len(conf)  # without the floor module 3 is (nearly) idle
+    assert counts[2] >= 0.1 * len(conf)  # with it, at least 10% of the images get to module 3
+    assert counts[1] + counts[2] >= 0.1 * len(conf)
+    assert not all(row["feasible"] for row in sweep)  # the floor did exclude settings
+    with pytest.raises(ValueError, match="min_reach"):
+        calibrate_delta(conf, correct, cum_macs, 0.01, 30, min_reach=1.0)
+
+
+def test_fit_reports_the_reach_and_holds_the_floor() -> None:
+    conf, correct, cum_macs = synthetic(1000, 3, seed=9)
+    logits = torch.full((1000, 3, 2), -5.0)
+    logits[..., 0] = torch.from_numpy(np.where(correct, 5.0, -5.0) * conf)  # class 0 is right where correct
+    y = torch.zeros(1000, dtype=torch.long)
+    cfg = {"mode": "delta", "delta": 0.01, "grid": 20, "reference": "best", "min_reach": 0.2}
+    result = fit(logits, cum_macs, y, cfg, "maxprob", 0.0)
+    assert result["min_reach"] == 0.2 and len(result["reach"]) == 3
+    assert min(result["reach"]) >= 0.2 and result["reach"][0] == 1.0
