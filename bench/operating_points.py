@@ -1,5 +1,6 @@
 """Which threshold rule survives a small held-out set? Refit a finished run's cascade by each rule and
-read every fit on `test` (the trained modules are the same in every row; only the rule differs):
+read every fit on `test` (the trained modules are the same in every row; only the rule differs; every rule
+keeps the run's other `calibrate` settings, its reach floor `min_reach` among them):
 
   calib, estimate       the old rule: thresholds on `calib`, accuracy loss against the best exit <= delta
   pooled, estimate      the same on `route` + `calib` (both held out from module training)
