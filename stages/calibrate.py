@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{res['accuracy']:.4f} (last exit {res['last_exit_accuracy']:.4f}) "
               f"at {res['mean_macs']:,.0f} MACs "
               f"(last exit {res['last_exit_mean_macs']:,.0f}); exits {res['exit_counts']}; "
-              f"{reach_line(res['reach'], res['min_reach'])}")
+              f"{reach_line(res['reach'], res['min_reach'], res['min_reach_met'])}")
     print(f"calibrate: {shipped['reason']}")
 
 

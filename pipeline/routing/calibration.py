@@ -148,6 +148,24 @@ def _search(
     return list(best["thresholds"]), list(seen.values())
 
 
+def _floored_search(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    grids: list[np.ndarray],
+    key: Key,
+    feasible: Callable[[np.ndarray, float], bool],
+    exhaustive_limit: int,
+    max_sweeps: int,
+    min_reach: float,
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """``_search`` with the reach floor; where no setting meets the rule and the floor together (every
+    setting that feeds a module enough images breaks the accuracy bound, e.g. a last module weaker than
+    an earlier exit), the search without the floor: the floor never overrides the accuracy rule."""
+    found = _search(arrays, grids, key, feasible, exhaustive_limit, max_sweeps, min_reach)
+    if min_reach and not any(row["feasible"] for row in found[1]):
+        return _search(arrays, grids, key, feasible, exhaustive_limit, max_sweeps)
+    return found
+
+
 def reach_shares(exit_counts: Sequence[int]) -> list[float]:
     """Share of the images that reach each module (module 1: all of them), from the counts per exit."""
     counts = np.asarray(exit_counts, dtype=np.float64)  # (K,)
@@ -161,9 +179,10 @@ def reaches(exit_counts: Sequence[int], min_reach: float) -> bool:
     return not min_reach or min(reach_shares(exit_counts)) >= min_reach - TOLERANCE
 
 
-def reach_line(reach: Sequence[float], min_reach: float) -> str:
+def reach_line(reach: Sequence[float], min_reach: float, met: bool = True) -> str:
     """``modules reached by 100.0% / 18.2% / 6.1% (floor 6%)``, for a stage's last lines."""
-    floor = f" (floor {min_reach:.0%})" if min_reach else ""
+    floor = (f" (floor {min_reach:.0%}" + ("" if met else ", dropped: no setting that reaches it keeps the"
+                                            " accuracy bound") + ")") if min_reach else ""
     return f"modules reached by {' / '.join(f'{r:.1%}' for r in reach)}{floor}"
 
 
@@ -197,7 +216,8 @@ def calibrate_delta(
     on a large set the bound is close to the estimate. ``z`` = 0 is the point estimate.
 
     ``min_reach`` > 0 keeps only settings that send at least that share of the images to every module
-    (never exiting early always does), so no module the run trained is left without images.
+    (never exiting early always does), so no module the run trained is left without images, unless no
+    such setting meets the accuracy bound: then the floor is dropped (the fit's ``reach`` shows it).
 
     ``grid`` is a number of quantiles per exit (see ``threshold_grid``) or explicit candidate lists.
     Returns the thresholds and the sweep: one row per evaluated setting (``thresholds``,
@@ -220,7 +240,7 @@ def calibrate_delta(
     def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, -macs if ok else accuracy, accuracy)
 
-    return _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps, min_reach)
+    return _floored_search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps, min_reach)
 
 
 def loss_bound(reference: np.ndarray, right: np.ndarray, z: float) -> float:
@@ -259,14 +279,11 @@ def calibrate_budget(
     def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, accuracy if ok else -macs, -macs)
 
-    thresholds, sweep = _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps,
-                                min_reach)
+    thresholds, sweep = _floored_search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit,
+                                        max_sweeps, min_reach)
     if not least_if_none and not any(row["feasible"] for row in sweep):
-        least = min((row["mean_macs"] for row in sweep if reaches(row["exit_counts"], min_reach)),
-                    default=math.inf)
-        raise ValueError(f"no thresholds fit a budget of {budget_macs} MACs"
-                         f"{f' with every module reached by {min_reach:.0%}' if min_reach else ''};"
-                         f" the least found is {least:.0f}")
+        least = min(row["mean_macs"] for row in sweep)
+        raise ValueError(f"no thresholds fit a budget of {budget_macs} MACs; the least found is {least:.0f}")
     return thresholds, sweep
 
 

@@ -13,6 +13,7 @@ from pipeline.routing.calibration import (
     choose_ensemble_decay,
     exit_indices,
     reach_shares,
+    reaches,
     simulate_thresholds,
 )
 from pipeline.routing.engine import Stage, combine_exits, run_all_exits
@@ -50,6 +51,7 @@ def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg
     right = correct[np.arange(len(correct)), exit_indices(conf, thresholds)]  # (N,) the cascade's answers
     return {"thresholds": [float(t) for t in thresholds], "accuracy": float(acc), "mean_macs": float(macs),
             "exit_counts": np.asarray(counts).tolist(), "reach": reach_shares(counts), "min_reach": min_reach,
+            "min_reach_met": reaches(counts, min_reach),
             "last_exit_accuracy": float(correct[:, -1].mean()),
             "exit_accuracy": correct.mean(axis=0).tolist(), "ensemble_decay": float(decay),
             "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep,
@@ -60,11 +62,14 @@ def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg
 def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, *,
                       least_if_none: bool = False) -> dict:
     """``fit`` for every decay of ``cfg["ensemble_decays"]``; the one ``choose_ensemble_decay`` keeps (within
-    ``bound_z`` paired standard errors of the most accurate, the cheapest), with the others' figures."""
+    ``bound_z`` paired standard errors of the most accurate, the cheapest; among the decays whose fit meets
+    ``cfg["min_reach"]`` where any does), with the others' figures."""
     answered = {float(d): fit_with_answers(logits, cum, y, cfg, kind, float(d), least_if_none=least_if_none)
                 for d in cfg["ensemble_decays"]}
     fits = {d: fitted for d, (fitted, _) in answered.items()}
-    best = fits[choose_ensemble_decay({d: {**fitted, "right": right} for d, (fitted, right) in answered.items()},
+    # Where some decays meet the reach floor and others had to drop it, the choice is among the former.
+    floored = {d: a for d, a in answered.items() if a[0]["min_reach_met"]} or answered
+    best = fits[choose_ensemble_decay({d: {**fitted, "right": right} for d, (fitted, right) in floored.items()},
                                       float(cfg.get("bound_z", 0.0)))]
     best["ensemble_tried"] = {f"{d:g}": {"accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
                                          "exit_accuracy": r["exit_accuracy"]} for d, r in fits.items()}

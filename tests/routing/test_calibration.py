@@ -274,10 +274,33 @@ def test_a_reach_floor_sends_that_share_to_every_module(mode: str) -> None:
 
 def test_fit_reports_the_reach_and_holds_the_floor() -> None:
     conf, correct, cum_macs = synthetic(1000, 3, seed=9)
-    logits = torch.full((1000, 3, 2), -5.0)
-    logits[..., 0] = torch.from_numpy(np.where(correct, 5.0, -5.0) * conf)  # class 0 is right where correct
+    strength = torch.from_numpy(2 + 5.0 * conf)  # (N, K): class 0 is the answer where correct, else class 1
+    right = torch.from_numpy(correct)
+    logits = torch.stack([torch.where(right, strength, 0.0), torch.where(right, 0.0, strength)], dim=-1)
     y = torch.zeros(1000, dtype=torch.long)
     cfg = {"mode": "delta", "delta": 0.01, "grid": 20, "reference": "best", "min_reach": 0.2}
     result = fit(logits, cum_macs, y, cfg, "maxprob", 0.0)
     assert result["min_reach"] == 0.2 and len(result["reach"]) == 3
     assert min(result["reach"]) >= 0.2 and result["reach"][0] == 1.0
+
+
+def test_a_floor_no_setting_can_meet_within_the_bound_is_dropped() -> None:
+    from pipeline.routing.calibration import reach_line
+
+    conf, correct, cum_macs = synthetic(2000, 3, seed=10)
+    correct[:, 1] = True  # exit 2 is right on every image, exit 3 on few: feeding module 3 breaks the bound
+    correct[:, 2] = np.arange(2000) % 10 == 0
+    free = calibrate_delta(conf, correct, cum_macs, 0.003, 20, reference="best")
+    floored = calibrate_delta(conf, correct, cum_macs, 0.003, 20, reference="best", min_reach=0.06)
+    assert floored == free  # the floor gave way to the accuracy rule
+    assert simulate_thresholds(conf, correct, cum_macs, floored[0])[2][2] < 0.06 * 2000
+    assert "dropped" in reach_line([1.0, 0.5, 0.0], 0.06, met=False)
+    strength = torch.from_numpy(2 + 5.0 * conf)  # (N, K): a right or wrong answer, as confident as conf says
+    right = torch.from_numpy(correct)
+    logits = torch.stack([torch.where(right, strength, 0.0), torch.where(right, 0.0, strength)], dim=-1)
+    cfg = {"mode": "delta", "delta": 0.003, "grid": 20, "reference": "best", "min_reach": 0.06,
+           "ensemble_decays": [0.0]}
+    from pipeline.routing.fit import fit_best_ensemble
+
+    result = fit_best_ensemble(logits, cum_macs, torch.zeros(2000, dtype=torch.long), cfg, "maxprob")
+    assert result["min_reach_met"] is False and result["reach"][2] < 0.06
