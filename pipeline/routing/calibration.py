@@ -106,7 +106,10 @@ def _search(
     """Best thresholds under ``key``: every combination if there are at most ``exhaustive_limit``,
     else coordinate descent from "never exit early" (one exit's grid at a time, until no change).
     ``feasible(right, mean_macs)`` sees each image's answer (right (N,) bool) under the setting; a
-    setting that sends fewer than ``min_reach`` of the images to some module is not feasible either.
+    setting that sends fewer than ``min_reach`` of the images to some module is not feasible either,
+    unless no setting meets the rule and the floor together (every setting that feeds a module enough
+    images breaks the accuracy bound, e.g. a last module weaker than an earlier exit): then the search
+    runs without the floor, which never overrides the accuracy rule.
     """
     seen: dict[tuple[float, ...], dict[str, Any]] = {}
     conf, correct, cum_macs = arrays
@@ -145,25 +148,9 @@ def _search(
                         best = row
             if best is start:
                 break
-    return list(best["thresholds"]), list(seen.values())
-
-
-def _floored_search(
-    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
-    grids: list[np.ndarray],
-    key: Key,
-    feasible: Callable[[np.ndarray, float], bool],
-    exhaustive_limit: int,
-    max_sweeps: int,
-    min_reach: float,
-) -> tuple[list[float], list[dict[str, Any]]]:
-    """``_search`` with the reach floor; where no setting meets the rule and the floor together (every
-    setting that feeds a module enough images breaks the accuracy bound, e.g. a last module weaker than
-    an earlier exit), the search without the floor: the floor never overrides the accuracy rule."""
-    found = _search(arrays, grids, key, feasible, exhaustive_limit, max_sweeps, min_reach)
-    if min_reach and not any(row["feasible"] for row in found[1]):
+    if min_reach and not any(row["feasible"] for row in seen.values()):
         return _search(arrays, grids, key, feasible, exhaustive_limit, max_sweeps)
-    return found
+    return list(best["thresholds"]), list(seen.values())
 
 
 def reach_shares(exit_counts: Sequence[int]) -> list[float]:
@@ -240,7 +227,7 @@ def calibrate_delta(
     def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, -macs if ok else accuracy, accuracy)
 
-    return _floored_search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps, min_reach)
+    return _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit, max_sweeps, min_reach)
 
 
 def loss_bound(reference: np.ndarray, right: np.ndarray, z: float) -> float:
@@ -279,7 +266,7 @@ def calibrate_budget(
     def key(accuracy: float, macs: float, ok: bool) -> tuple[Any, ...]:
         return (ok, accuracy if ok else -macs, -macs)
 
-    thresholds, sweep = _floored_search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit,
+    thresholds, sweep = _search(arrays, _grids(arrays[0], grid), key, feasible, exhaustive_limit,
                                         max_sweeps, min_reach)
     if not least_if_none and not any(row["feasible"] for row in sweep):
         least = min(row["mean_macs"] for row in sweep)
