@@ -20,7 +20,7 @@ import torch
 
 from bench.calibration_noise import join
 from pipeline.models.modules import confidence
-from pipeline.routing.calibration import exit_indices, reach_shares
+from pipeline.routing.calibration import reach_shares, simulate_thresholds
 from pipeline.routing.engine import combine_exits
 from pipeline.routing.fit import fit_best_ensemble
 
@@ -31,12 +31,10 @@ def read(data: Outputs, thresholds: list[float], decay: float, kind: str) -> dic
     """The cascade at ``thresholds`` (exit ensemble of ``decay``) on ``data``: accuracy, mean MACs, reach."""
     logits, cum, y = data
     scores = combine_exits(logits, decay)  # (N, K, C)
-    exits = exit_indices(confidence(scores, kind).numpy(), thresholds)  # (N,)
-    rows = torch.arange(len(y))
-    right = (scores.argmax(dim=-1)[rows, torch.as_tensor(exits)] == y).numpy()  # (N,)
-    counts = [int((exits == k).sum()) for k in range(logits.shape[1])]
-    return {"accuracy": float(right.mean()), "mean_macs": float(cum[rows.numpy(), exits].mean()),
-            "exit_counts": counts, "reach": reach_shares(counts)}
+    correct = (scores.argmax(dim=-1) == y[:, None]).numpy()  # (N, K)
+    accuracy, mean_macs, counts = simulate_thresholds(confidence(scores, kind).numpy(), correct, cum, thresholds)
+    return {"accuracy": accuracy, "mean_macs": mean_macs, "exit_counts": counts.tolist(),
+            "reach": reach_shares(counts)}
 
 
 def floors_table(held_out: Outputs, test: Outputs, cfg: dict, kind: str, floors: list[float]) -> list[dict]:
