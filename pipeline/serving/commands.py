@@ -47,6 +47,10 @@ def add_commands(sub: Any, default_model: str) -> None:
                             "2-3x LitServe's images/s at 64 clients here; ONNX engine only; --max-bytes, "
                             "--max-queue and --timeout are not applied there, and malformed JSON gets a 500; "
                             "needs bash scripts/setup_triton.sh; docs/RESULTS.md 'Serving')")
+    serve.add_argument("--repository", metavar="DIR",
+                       help="with --server triton: write Triton's model repository for this model and these "
+                            "settings into DIR (self-contained: config, ONNX export, backend code) and exit "
+                            "without serving, for Triton's own container (deploy/triton/Dockerfile)")
     serve.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0", "::"),
                        help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
@@ -112,6 +116,9 @@ def _ready_model(directory: Path, engine: str, scratch: str) -> Path | str:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.serving.server import ServeConfig, serve
 
+    if args.repository and args.server != "triton":
+        print("error: --repository writes Triton's model repository: add --server triton", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="cascade-serve-") as scratch:
         directory = _resolve(args.model, scratch)
         if directory is None:
@@ -130,7 +137,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         if args.server == "triton":  # the same checked config, served by Triton
-            return _serve_triton(config, Path(scratch))
+            return _serve_triton(config, Path(scratch), args.repository)
         previous = signal.signal(signal.SIGTERM, _stop)  # a TERM unwinds, so the download is removed
         try:
             serve(config)
@@ -141,16 +148,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_triton(config: Any, scratch: Path) -> int:
-    from pipeline.serving.triton import TritonMissing, run_triton
+def _serve_triton(config: Any, scratch: Path, repository: str | None = None) -> int:
+    from pipeline.serving.triton import TritonMissing, batch_cap, model_config, run_triton, write_repository
 
     if config.engine != "onnx":
         print("error: --server triton runs the ONNX engine only (drop --engine torch)", file=sys.stderr)
         return 2
+    wait_us = round(config.batch_timeout * 1e6)
+    if repository:
+        out = write_repository(Path(repository), model_config(batch_cap(config.max_batch_size, config.limits),
+                                                              wait_us, config.limits, config.exits),
+                               Path(config.model_dir))
+        print(f"cascade serve: wrote Triton's model repository {out} (serve it with tritonserver "
+              f"--model-repository {out}; deploy/triton/Dockerfile)")
+        return 0
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         status = run_triton(Path(config.model_dir), scratch, config.host, config.port, config.max_batch_size,
-                            round(config.batch_timeout * 1e6), config.limits, exits=config.exits)
+                            wait_us, config.limits, exits=config.exits)
     except TritonMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

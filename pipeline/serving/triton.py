@@ -11,6 +11,10 @@ NumPy < 2, which the project's environment is not), and the backend runs in ``.v
 (NumPy < 2, ONNX Runtime, Pillow), the environment the wheel's Python stub is built for.
 ``CASCADE_TRITON_HOME`` points elsewhere.
 
+The model repository is self-contained (:func:`write_repository`: the ONNX export and the backend's
+torch-free code beside ``config.pbtxt``), so the same folder serves here and in Triton's own container
+(``cascade serve --server triton --repository DIR`` writes it; ``deploy/triton/Dockerfile``).
+
 Protocol: KServe v2 (``POST /v2/models/cascade/infer``; readiness ``GET /v2/health/ready``): input
 ``image``, BYTES, shape ``[n, 1]``, PNG/JPEG bytes (binary tensor extension) or their base64 text in
 JSON; outputs ``class_index``, ``class_name``, ``confidence``, ``exit``, ``macs``, ``[n, 1]`` each.
@@ -19,16 +23,20 @@ JSON; outputs ``class_index``, ``class_name``, ``confidence``, ``exit``, ``macs`
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.io import atomic_path
 from pipeline.serving.limits import ServeLimits
 
 MODEL_NAME = "cascade"
 INFER_PATH = f"/v2/models/{MODEL_NAME}/infer"
 READY_PATH = "/v2/health/ready"
 SETUP = "bash scripts/setup_triton.sh"
+ONNX_DIR = "onnx"  # the export, in the model's folder of the repository
+CODE_DIR = "code"  # the project's package for the backend, beside it (Triton ignores non-numeric folders)
 
 
 class TritonMissing(RuntimeError):
@@ -50,15 +58,16 @@ def installed(home: Path) -> tuple[Path, Path]:
     return binary, env_bin
 
 
-def model_config(onnx_dir: Path, max_batch_size: int, queue_delay_us: int, limits: ServeLimits,
-                 exits: bool, threads: int = 1) -> str:
-    """The model's ``config.pbtxt``: the batcher (size cap, wait) and the backend's settings.
+def model_config(max_batch_size: int, queue_delay_us: int, limits: ServeLimits, exits: bool,
+                 threads: int = 1) -> str:
+    """The model's ``config.pbtxt``: the batcher (size cap, wait) and the backend's settings (the export
+    is ``ONNX_DIR`` of the model's folder: :func:`write_repository` puts it there).
 
     No ``default_queue_policy``: in Triton 2.51 any queue policy (a size bound, a timeout, or both)
     took the batcher to about 300 requests/s with a p99 of 530 ms at 64 clients, against about 3,000
     and 40 ms without (docs/RESULTS.md "Serving"), so ``limits.max_queue`` and ``limits.timeout`` are
     not applied here: a flood waits in Triton's queue instead of getting a 503."""
-    settings = {"onnx_dir": str(onnx_dir), "exits": "1" if exits else "0", "threads": str(threads),
+    settings = {"onnx_dir": ONNX_DIR, "exits": "1" if exits else "0", "threads": str(threads),
                 "max_images": str(limits.max_images), "max_pixels": str(limits.max_pixels)}
     params = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in settings.items())
     outputs = [("class_index", "TYPE_INT64"), ("class_name", "TYPE_STRING"), ("confidence", "TYPE_FP32"),
@@ -74,26 +83,43 @@ instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
 """
 
 
-def write_repository(out: Path, config_text: str, project_root: Path) -> Path:
-    """A Triton model repository in ``out``: ``cascade/config.pbtxt`` and ``cascade/1/model.py``, which
-    puts ``project_root`` on ``sys.path`` (Triton's stub does not pass ``PYTHONPATH`` on) and takes
-    :class:`pipeline.serving.triton_backend.TritonPythonModel` from it."""
-    model = out / MODEL_NAME
-    (model / "1").mkdir(parents=True, exist_ok=True)
-    (model / "config.pbtxt").write_text(config_text)
-    (model / "1" / "model.py").write_text(
-        f"import sys\n\nsys.path.insert(0, {str(project_root)!r})\n"
-        "from pipeline.serving.triton_backend import TritonPythonModel  # noqa: E402,F401\n")
+MODEL_PY = """import sys
+from pathlib import Path
+
+# Triton's stub does not pass PYTHONPATH on: the backend's code is in the model's folder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / {code!r}))
+from pipeline.serving.triton_backend import TritonPythonModel  # noqa: E402,F401
+"""
+
+
+def write_repository(out: Path, config_text: str, onnx_dir: Path) -> Path:
+    """A self-contained Triton model repository in ``out`` (replaced atomically): ``cascade/config.pbtxt``,
+    ``cascade/onnx`` (a copy of the export ``onnx_dir``), ``cascade/code/pipeline`` (this package; the
+    backend imports only its torch-free modules) and ``cascade/1/model.py``, which puts ``cascade/code``
+    on ``sys.path`` and takes :class:`pipeline.serving.triton_backend.TritonPythonModel` from it."""
+    package = Path(__file__).resolve().parents[1]
+    with atomic_path(out, is_dir=True) as tmp:
+        model = tmp / MODEL_NAME
+        (model / "1").mkdir(parents=True)
+        (model / "config.pbtxt").write_text(config_text)
+        shutil.copytree(onnx_dir, model / ONNX_DIR)
+        shutil.copytree(package, model / CODE_DIR / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+        (model / "1" / "model.py").write_text(MODEL_PY.format(code=CODE_DIR))
     return out
 
 
+def server_flags(repository: Path | str, host: str, port: int) -> list[str]:
+    """``tritonserver``'s flags for the repository's one model: HTTP only on ``host:port``, no gRPC or
+    metrics, ready only when the model is (the container's ENTRYPOINT uses the same)."""
+    return ["--model-repository", str(repository), "--http-address", host, "--http-port", str(port),
+            "--allow-grpc", "false", "--allow-metrics", "false", "--log-verbose", "0", "--log-info", "false",
+            "--exit-on-error", "true", "--strict-readiness", "true", "--exit-timeout-secs", "5"]
+
+
 def command(binary: Path, home: Path, repository: Path, host: str, port: int) -> list[str]:
-    """The ``tritonserver`` command line: HTTP only, on ``host:port``, the repository's one model."""
-    return [str(binary), "--model-repository", str(repository),
-            "--backend-directory", str(home / "server" / "backends"),
-            "--http-address", host, "--http-port", str(port), "--allow-grpc", "false", "--allow-metrics", "false",
-            "--log-verbose", "0", "--log-info", "false", "--exit-on-error", "true", "--strict-readiness", "true",
-            "--exit-timeout-secs", "5"]
+    """The ``tritonserver`` command line of this install (its backends folder) for :func:`server_flags`."""
+    return [str(binary), "--backend-directory", str(home / "server" / "backends"),
+            *server_flags(repository, host, port)]
 
 
 def environment(home: Path, env_bin: Path) -> dict[str, str]:
@@ -107,18 +133,21 @@ def environment(home: Path, env_bin: Path) -> dict[str, str]:
     return env
 
 
+def batch_cap(max_batch_size: int, limits: ServeLimits) -> int:
+    """Triton's batch cap counts images and refuses a request above it: at least ``limits.max_images``."""
+    return max(max_batch_size, limits.max_images)
+
+
 def run_triton(onnx_dir: Path, scratch: Path, host: str, port: int, max_batch_size: int, queue_delay_us: int,
                limits: ServeLimits, exits: bool) -> int:
     """Serve until interrupted; returns the server's exit status."""
     home = triton_home()
     binary, env_bin = installed(home)
-    # Triton's batch cap counts images and refuses a request above it: at least max_images
-    batch_cap = max(max_batch_size, limits.max_images)
-    root = Path(__file__).resolve().parents[2]
+    cap = batch_cap(max_batch_size, limits)
     repository = write_repository(scratch / "triton-repository",
-                                  model_config(onnx_dir.resolve(), batch_cap, queue_delay_us, limits, exits), root)
+                                  model_config(cap, queue_delay_us, limits, exits), onnx_dir)
     print(f"cascade serve: http://{host}:{port}{INFER_PATH} (Triton Inference Server, ONNX Runtime engine, "
-          f"batches of up to {batch_cap} images, wait {queue_delay_us / 1e3:g} ms; "
+          f"batches of up to {cap} images, wait {queue_delay_us / 1e3:g} ms; "
           f"{'early exits' if exits else 'static path: no early exit'}; ready at {READY_PATH})", flush=True)
     process = subprocess.Popen(command(binary, home, repository, host, port), env=environment(home, env_bin))
     try:

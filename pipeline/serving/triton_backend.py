@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,12 @@ MAGIC = (b"\x89PNG", b"\xff\xd8\xff")  # raw PNG/JPEG bytes (binary tensor exten
 def parameters(model_config: dict[str, Any]) -> dict[str, str]:
     """The ``parameters`` of a model config (``{"key": {"string_value": "..."}}``) as plain strings."""
     return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
+def onnx_path(onnx_dir: str, model_folder: str) -> str:
+    """The export's folder: ``onnx_dir`` as given when absolute, else inside the model's folder of the
+    repository (Triton passes it as ``model_repository``)."""
+    return onnx_dir if os.path.isabs(onnx_dir) else os.path.join(model_folder, onnx_dir)
 
 
 def image_bytes(element: bytes) -> bytes:
@@ -67,7 +74,8 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         settings = parameters(json.loads(args["model_config"]))
-        self.engine = OnnxCascade(settings["onnx_dir"], threads=int(settings.get("threads", "1")))
+        self.engine = OnnxCascade(onnx_path(settings["onnx_dir"], args.get("model_repository", ".")),
+                                  threads=int(settings.get("threads", "1")))
         self.exits = settings.get("exits", "1") == "1"
         self.max_images = int(settings["max_images"])
         self.max_pixels = int(settings["max_pixels"])

@@ -8,6 +8,8 @@ import base64
 import http.client
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,8 +21,18 @@ from pipeline.data.sources import DataError
 from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import recognize_arrays
 from pipeline.serving.limits import ServeLimits
-from pipeline.serving.triton import INFER_PATH, TritonMissing, installed, model_config, triton_home
-from pipeline.serving.triton_backend import decode_request, image_bytes, parameters
+from pipeline.serving.triton import (
+    CODE_DIR,
+    INFER_PATH,
+    MODEL_NAME,
+    ONNX_DIR,
+    TritonMissing,
+    installed,
+    model_config,
+    triton_home,
+    write_repository,
+)
+from pipeline.serving.triton_backend import decode_request, image_bytes, onnx_path, parameters
 from tests.routing.test_package import uint8_images
 from tests.serving.test_requests import png
 
@@ -65,12 +77,43 @@ def test_a_request_is_decoded_with_its_limits_naming_the_bad_image() -> None:
         decode_request([], (1, 4, 4), max_images=2, max_pixels=100)
 
 
-def test_the_model_config_carries_the_batcher_and_the_settings(tmp_path: Path) -> None:
-    text = model_config(tmp_path, 32, 250, ServeLimits(max_queue=7, timeout=2.0, max_images=5), exits=False)
+def test_the_model_config_carries_the_batcher_and_the_settings() -> None:
+    text = model_config(32, 250, ServeLimits(max_queue=7, timeout=2.0, max_images=5), exits=False)
     assert "max_batch_size: 32" in text and "max_queue_delay_microseconds: 250" in text
     assert "queue_policy" not in text  # measured to cost Triton 2.51's batcher 8x (pipeline/serving/triton.py)
     assert 'key: "exits" value: { string_value: "0" }' in text
     assert 'key: "max_images" value: { string_value: "5" }' in text
+    assert f'key: "onnx_dir" value: {{ string_value: "{ONNX_DIR}" }}' in text  # inside the model's folder
+
+
+def test_the_export_is_found_inside_the_model_folder_unless_absolute(tmp_path: Path) -> None:
+    assert onnx_path("onnx", "/models/cascade") == "/models/cascade/onnx"
+    assert onnx_path(str(tmp_path), "/models/cascade") == str(tmp_path)
+
+
+def test_the_repository_is_self_contained_and_replaced_whole(tmp_path: Path) -> None:
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "manifest.json").write_text("{}")
+    out = tmp_path / "repository"
+    (out / "stale").mkdir(parents=True)  # what was there before goes
+    write_repository(out, "config text", export)
+    model = out / MODEL_NAME
+    assert sorted(p.name for p in out.iterdir()) == [MODEL_NAME]
+    assert (model / "config.pbtxt").read_text() == "config text"
+    assert (model / ONNX_DIR / "manifest.json").read_text() == "{}"
+    assert (model / CODE_DIR / "pipeline" / "serving" / "triton_backend.py").is_file()
+    assert not list((model / CODE_DIR).rglob("__pycache__"))
+    # model.py imports the backend from the bundled code, wherever the repository is and whatever the cwd
+    moved = tmp_path / "elsewhere"
+    out.rename(moved)
+    probe = ("import runpy, sys; ns = runpy.run_path(sys.argv[1]); "
+             "import pipeline; print(pipeline.__file__); print(ns['TritonPythonModel'].__module__)")
+    result = subprocess.run([sys.executable, "-c", probe, str(moved / MODEL_NAME / "1" / "model.py")],
+                            cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stderr
+    where, module = result.stdout.split()
+    assert Path(where).is_relative_to(moved / MODEL_NAME / CODE_DIR) and module == "pipeline.serving.triton_backend"
 
 
 def test_parameters_of_a_model_config() -> None:
@@ -139,3 +182,18 @@ def test_triton_takes_a_raw_png_in_the_binary_extension(triton: int, tiny_model:
         finally:
             conn.close()
         assert status == 200 and outputs(answer)["class_index"] == [row["class_index"]]
+
+
+def test_cascade_serve_writes_the_repository_for_a_triton_container_and_exits(
+        tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    out = tmp_path / "repository"
+    args = ["serve", "--model", str(tiny_model), "--repository", str(out), "--max-batch-size", "16"]
+    assert main(args) == 2  # the repository is Triton's: without --server triton it is refused
+    assert "--server triton" in capsys.readouterr().err and not out.exists()
+    assert main([*args, "--server", "triton"]) == 0  # no tritonserver needed: nothing is served
+    assert "wrote Triton's model repository" in capsys.readouterr().out
+    config = (out / MODEL_NAME / "config.pbtxt").read_text()
+    assert f"max_batch_size: {ServeLimits().max_images}" in config  # the cap is at least --max-images
+    assert (out / MODEL_NAME / ONNX_DIR / "manifest.json").is_file()  # exported from the torch model
