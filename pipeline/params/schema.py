@@ -7,7 +7,8 @@ To add a key, add one line to its section's dict below (``DATA``, ``TRAIN``, ...
 ``"utility": Str(choices=("perf", "acc"), default="perf", doc="...")``; ``required=True`` only for keys
 the code reads without a default. A ``TRAIN`` key is allowed in ``modules.mK.train`` too. A rule across
 keys goes into the section's ``rules`` (a function of its valid values yielding ``(key, message)``); a
-new section is a new entry in ``SCHEMA``. Enumerations the library also defines are tested equal to it
+new section is a new entry in ``SCHEMA``. The ``modules`` section's keys and check are in
+:mod:`pipeline.params.modules_schema`. Enumerations the library also defines are tested equal to it
 (tests/params/test_schema.py). Types are strict: ``Int`` takes an int only (not a bool, ``"3"`` or
 ``2.5``), ``Number`` an int or finite float, ``Bool`` ``true``/``false`` (key types:
 :mod:`pipeline.params.keys`).
@@ -15,9 +16,7 @@ new section is a new entry in ``SCHEMA``. Enumerations the library also defines 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
 from typing import Any
 
 from pipeline.params.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS
@@ -33,17 +32,20 @@ from pipeline.params.keys import (
     Section,
     Str,
     check_section,
-    defaults_of,
     unknown_keys,
     valid_values,
     value_problem,
 )
+from pipeline.params.modules_schema import (  # noqa: F401 (KINDS, HEADS, OPS, MODULE_SPEC, module_after: re-exported)
+    HEADS,
+    KINDS,
+    MODULE_SPEC,
+    OPS,
+    check_modules,
+    module_after,
+)
 
 # Mirrors of library enumerations (importing them would import torch); tests keep them equal.
-KINDS = ("fixed", "supernet")  # pipeline.models.modules.KINDS
-HEADS = ("pool_mlp", "gap")  # pipeline.models.modules.HEADS
-# pipeline.models.ops.OPS
-OPS = ("conv3", "conv5", "dw3", "dw5", "ir3_e3", "ir3_e6", "ir5_e3", "ir5_e6", "skip")
 SCHEDULES = ("cosine", "step", "constant")  # pipeline.train.config.SCHEDULES
 SAMPLERS = ("uniform", "probmodel")  # pipeline.train.config.SAMPLERS
 UTILITIES = ("rank", "elite", "softmax")  # pipeline.search.probmodel.UTILITIES
@@ -258,120 +260,11 @@ def _baselines_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         yield "warmup_epochs", f"must be < epochs ({v['epochs']}), got {v['warmup_epochs']!r}"
 
 
-# modules.mK.spec (pipeline.models.modules.ModuleSpec)
-MODULE_SPEC = {
-    "kind": Str(required=True, choices=KINDS),
-    "channels": Int(required=True, ge=1),
-    "stride": Int(choices=(1, 2), default=1),
-    "layers": Int(ge=0, default=1),
-    "ops": List(Str(choices=OPS), unique=True, min_items=2, doc="supernet only"),
-    "default_op": Str(choices=tuple(op for op in OPS if op != "skip"), doc="supernet only; one of ops"),
-    "head": Str(choices=HEADS, default="pool_mlp"),
-    "head_grid": Int(ge=1, default=4),
-    "head_hidden": Int(ge=0, default=128),
-}
-
-
-SUPERNET_ONLY = ("ops", "default_op")
-
-
-def _spec_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    if v.get("kind") == "supernet":
-        if "layers" in v and v["layers"] < 1:
-            yield "layers", f"must be >= 1 for a supernet module, got {v['layers']!r}"
-        if "ops" in v and "default_op" in v and v["default_op"] not in v["ops"]:
-            yield "default_op", f"must be one of ops {v['ops']!r}, got {v['default_op']!r}"
-
-
-MODULE_TRAIN = {name: replace(key, required=False) for name, key in TRAIN.items()}
-MODULE_KEYS = ("after", "spec", "train")
-# modules.mK.after: what module K stacks on, as the path train@mK depends on in dvc.yaml (DVC templating
-# cannot compute "the previous module"): the prepared images for m1, the previous module's directory
-# (train, search, select outputs) for every later one. Modules run in series, so it is fixed by K.
-MODULE_INPUT = "data/prepared"
-MODULES_DIR = "models/modules"
-
-
-def module_after(k: int) -> str:
-    """The value ``modules.mK.after`` must have."""
-    return MODULE_INPUT if k == 1 else f"{MODULES_DIR}/m{k - 1}"
-
-
-def _after_problem(name: str, after: Any, names: list[str], mkey: str) -> str | None:
-    k = int(name[1:]) if re.fullmatch(r"m[1-9]\d*", name) else None
-    if k is None:
-        return None  # the m1..mK naming problem is reported already
-    want = module_after(k)
-    fix = f"write `after: {want}` ({'the images' if k == 1 else f'module m{k - 1}'}, what {name} stacks on)"
-    if after is None:
-        return f"{mkey}.after is missing: {fix}"
-    if after == want:
-        return None
-    m = re.fullmatch(re.escape(MODULES_DIR) + r"/(m\d+)/?", str(after))
-    if m and m.group(1) not in names:
-        return (f"{mkey}.after stacks {name} on module {m.group(1)}, which is not in {names}: the cascade "
-                f"runs its modules in series, {fix}")
-    return f"{mkey}.after must be {want!r} (modules run in series: {fix}), got {after!r}"
-
-
 def _check_modules(value: Any, key: str, params: Mapping[str, Any], partial: bool = False) -> list[str]:
-    problems: list[str] = []
-    if not isinstance(value, Mapping) or not value:
-        return [f"{key} must be a non-empty mapping of modules m1..mK, got {value!r}"]
-    names = [str(n) for n in value]
-    expected = [f"m{k}" for k in range(1, len(names) + 1)]
-    if names != expected:
-        problems.append(f"{key} must be named m1..mK in order, got {names}")
-    train = params.get("train") if isinstance(params.get("train"), Mapping) else {}
-    train_valid = valid_values(train, TRAIN) if train else {}
-    base_rules = set(_train_rules({**defaults_of(TRAIN), **train_valid}))
-    for name, mod in value.items():
-        mkey = f"{key}.{name}"
-        if not isinstance(mod, Mapping):
-            problems.append(f"{mkey} must be a mapping with 'spec' (and optionally 'train'), got {mod!r}")
-            continue
-        problems += unknown_keys(mod, MODULE_KEYS, mkey)
-        after = _after_problem(str(name), mod.get("after"), names, mkey)
-        if after and not (partial and "after" not in mod):  # a stage run by hand does not read it
-            problems.append(after)
-        spec = mod.get("spec")
-        if "spec" not in mod:
-            problems.append(f"{mkey}.spec is missing")
-        elif isinstance(spec, Mapping) and spec.get("kind") == "fixed":
-            for name_ in SUPERNET_ONLY:
-                if name_ in spec:
-                    problems.append(f"{mkey}.spec.{name_} is for supernet modules only (kind: fixed), "
-                                    f"got {spec[name_]!r}")
-            rest = {k: v for k, v in spec.items() if k not in SUPERNET_ONLY}
-            fixed = {k: v for k, v in MODULE_SPEC.items() if k not in SUPERNET_ONLY}
-            problems += check_section(rest, Section(fixed, rules=(_spec_rules,)), f"{mkey}.spec")
-        else:
-            if isinstance(spec, Mapping) and spec.get("kind") == "supernet":
-                problems += [f"{mkey}.spec.{name_} is missing (required for a supernet module)"
-                             for name_ in SUPERNET_ONLY if name_ not in spec]
-            problems += check_section(spec, Section(MODULE_SPEC, rules=(_spec_rules,)), f"{mkey}.spec")
-        override = mod.get("train")
-        if override is None:
-            override = {}
-        if not isinstance(override, Mapping):
-            problems.append(f"{mkey}.train must be a mapping of train overrides, got {override!r}")
-            continue
-        problems += check_section(override, Section(MODULE_TRAIN), f"{mkey}.train")
-        # The rules across train keys hold for what module mK trains with: train overlaid by its override.
-        merged = {**defaults_of(TRAIN), **train_valid, **valid_values(override, MODULE_TRAIN)}
-        for k, message in _train_rules(merged):
-            if k in override:
-                problems.append(f"{mkey}.train.{k} {message}")
-            elif (k, message) in base_rules:
-                problems.append(f"train.{k} {message}")  # the same for every module: reported once
-            else:
-                problems.append(f"train.{k} {message} (for module {name}, with its {mkey}.train overrides)")
-    levels = valid_values(params.get("grade") or {}, GRADE).get("levels") if isinstance(
-        params.get("grade"), Mapping) else None
-    if levels is not None and levels < len(value):
-        problems.append(f"grade.levels must be >= the number of modules ({len(value)}): module k trains "
-                        f"on the level-k id list, got {levels}")
-    return problems
+    grade = params.get("grade")
+    levels = valid_values(grade, GRADE).get("levels") if isinstance(grade, Mapping) else None
+    return check_modules(value, key, params, train_keys=TRAIN, train_rules=_train_rules, levels=levels,
+                         partial=partial)
 
 
 SCHEMA: dict[str, Key | Section | Custom] = {
