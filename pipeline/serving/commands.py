@@ -149,16 +149,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_triton(config: Any, scratch: Path, repository: str | None = None) -> int:
-    from pipeline.serving.triton import TritonMissing, batch_cap, model_config, run_triton, write_repository
+    from pipeline.serving.triton import TritonMissing, repository_for, run_triton
 
     if config.engine != "onnx":
         print("error: --server triton runs the ONNX engine only (drop --engine torch)", file=sys.stderr)
         return 2
     wait_us = round(config.batch_timeout * 1e6)
     if repository:
-        out = write_repository(Path(repository), model_config(batch_cap(config.max_batch_size, config.limits),
-                                                              wait_us, config.limits, config.exits),
-                               Path(config.model_dir))
+        out = repository_for(Path(config.model_dir), Path(repository), config.max_batch_size, wait_us,
+                             config.limits, config.exits)
         print(f"cascade serve: wrote Triton's model repository {out} (serve it with tritonserver "
               f"--model-repository {out}; deploy/triton/Dockerfile)")
         return 0

@@ -138,14 +138,22 @@ def batch_cap(max_batch_size: int, limits: ServeLimits) -> int:
     return max(max_batch_size, limits.max_images)
 
 
+def repository_for(onnx_dir: Path, out: Path, max_batch_size: int, queue_delay_us: int, limits: ServeLimits,
+                   exits: bool) -> Path:
+    """:func:`write_repository` with the model config of these serve settings (what ``cascade serve
+    --server triton`` serves, and what ``--repository`` writes for a container)."""
+    config = model_config(batch_cap(max_batch_size, limits), queue_delay_us, limits, exits)
+    return write_repository(out, config, onnx_dir)
+
+
 def run_triton(onnx_dir: Path, scratch: Path, host: str, port: int, max_batch_size: int, queue_delay_us: int,
                limits: ServeLimits, exits: bool) -> int:
     """Serve until interrupted; returns the server's exit status."""
     home = triton_home()
     binary, env_bin = installed(home)
     cap = batch_cap(max_batch_size, limits)
-    repository = write_repository(scratch / "triton-repository",
-                                  model_config(cap, queue_delay_us, limits, exits), onnx_dir)
+    repository = repository_for(onnx_dir, scratch / "triton-repository", max_batch_size, queue_delay_us, limits,
+                                exits)
     print(f"cascade serve: http://{host}:{port}{INFER_PATH} (Triton Inference Server, ONNX Runtime engine, "
           f"batches of up to {cap} images, wait {queue_delay_us / 1e3:g} ms; "
           f"{'early exits' if exits else 'static path: no early exit'}; ready at {READY_PATH})", flush=True)
