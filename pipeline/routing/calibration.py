@@ -288,14 +288,11 @@ def oracle(correct: Any, cum_macs: Any) -> tuple[float, float]:
     return float(right.mean()), float(cum_macs[np.arange(len(exits)), exits].mean())
 
 
-def choose_ensemble_decay(fits: dict[float, dict[str, Any]], z: float = 0.0) -> float:
-    """The exit-ensemble decay to keep: the cheapest (fewest ``mean_macs``, then the higher accuracy, then
-    the smaller decay) among those whose calibrated cascade is within ``z`` standard errors of the most
-    accurate one's on the calibration data, the error of the paired per-image difference (``right``: (N,)
-    bool, each image answered right). The one-standard-error rule at ``z`` = 1: a difference of one or two
-    held-out images does not buy more MACs (on the Fashion-MNIST default 1 image of 6,000 picked a decay
-    costing 1.4% more); ``z`` = 0 keeps the most accurate. Each value of ``fits`` is one decay's calibration
-    result (thresholds fitted with that ensemble)."""
+def ensemble_ties(fits: dict[float, dict[str, Any]], z: float = 0.0) -> set[float]:
+    """The exit-ensemble decays whose calibrated cascade is within ``z`` standard errors of the most
+    accurate one's on the calibration data (the most accurate included), the error of the paired
+    per-image difference (``right``: (N,) bool, each image answered right); ``z`` = 0: exact ties only.
+    Each value of ``fits`` is one decay's calibration result (thresholds fitted with that ensemble)."""
     if not fits:
         raise ValueError("no exit-ensemble decays to choose from")
     if not z >= 0:
@@ -309,7 +306,15 @@ def choose_ensemble_decay(fits: dict[float, dict[str, Any]], z: float = 0.0) -> 
         lost = np.asarray(fits[best]["right"], dtype=np.float64) - np.asarray(fits[d]["right"], dtype=np.float64)
         return gap <= z * float(lost.std()) / math.sqrt(len(lost)) + TOLERANCE
 
-    return min((d for d in fits if ties(d)),
+    return {d for d in fits if ties(d)}
+
+
+def choose_ensemble_decay(fits: dict[float, dict[str, Any]], z: float = 0.0) -> float:
+    """The exit-ensemble decay to keep: the cheapest (fewest ``mean_macs``, then the higher accuracy, then
+    the smaller decay) of ``ensemble_ties``. The one-standard-error rule at ``z`` = 1: a difference of one
+    or two held-out images does not buy more MACs (on the Fashion-MNIST default 1 image of 6,000 picked a
+    decay costing 1.4% more); ``z`` = 0 keeps the most accurate."""
+    return min(ensemble_ties(fits, z),
                key=lambda d: (round(fits[d]["mean_macs"], 6), -round(fits[d]["accuracy"], 12), d))
 
 

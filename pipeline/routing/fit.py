@@ -11,6 +11,7 @@ from pipeline.routing.calibration import (
     calibrate_budget,
     calibrate_delta,
     choose_ensemble_decay,
+    ensemble_ties,
     exit_indices,
     reach_shares,
     reaches,
@@ -69,8 +70,12 @@ def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cf
     fits = {d: fitted for d, (fitted, _) in answered.items()}
     # Where some decays meet the reach floor and others had to drop it, the choice is among the former.
     floored = {d: a for d, a in answered.items() if a[0]["min_reach_met"]} or answered
-    best = fits[choose_ensemble_decay({d: {**fitted, "right": right} for d, (fitted, right) in floored.items()},
-                                      float(cfg.get("bound_z", 0.0)))]
+    eligible = {d: {**fitted, "right": right} for d, (fitted, right) in floored.items()}
+    z = float(cfg.get("bound_z", 0.0))
+    tied = ensemble_ties(eligible, z)
+    best = fits[choose_ensemble_decay(eligible, z)]
+    # ``ties_best``: the decay is one the rule chose among (so a reader can check the choice).
     best["ensemble_tried"] = {f"{d:g}": {"accuracy": r["accuracy"], "mean_macs": r["mean_macs"],
-                                         "exit_accuracy": r["exit_accuracy"]} for d, r in fits.items()}
+                                         "exit_accuracy": r["exit_accuracy"], "eligible": d in eligible,
+                                         "ties_best": d in tied} for d, r in fits.items()}
     return best

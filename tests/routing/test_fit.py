@@ -155,7 +155,8 @@ def test_fit_best_ensemble_picks_the_decay_with_the_best_cascade() -> None:
     for key, decay in (("0", 0.0), ("0.25", 0.25), ("1", 1.0)):
         one = fit(logits, cum, y, cfg, "maxprob", decay)
         assert tried[key] == {"accuracy": one["accuracy"], "mean_macs": one["mean_macs"],
-                              "exit_accuracy": one["exit_accuracy"]}
+                              "exit_accuracy": one["exit_accuracy"], "eligible": True,
+                              "ties_best": key == "1"}
     assert tried["0"]["accuracy"] == 0.5
 
 
