@@ -135,14 +135,34 @@ def train_baseline(
     ``device`` (default: the CPU) is where it trains (weights initialised on the CPU, then moved);
     ``precision`` (``compute.precision``) is passed on to ``train_module``.
     """
+    return train_single_exit(lambda c: PlainCNN(width, c, num_classes), images_uint8, labels, mean, std, cfg,
+                             seed, on_epoch=on_epoch, progress=progress, device=device, precision=precision)
+
+
+def train_single_exit(
+    build: Callable[[int], nn.Module],
+    images_uint8: np.ndarray,
+    labels: np.ndarray,
+    mean: Sequence[float],
+    std: Sequence[float],
+    cfg: BaselineConfig,
+    seed: int,
+    *,
+    on_epoch: EpochCallback | None = None,
+    progress: bool = True,
+    device: torch.device | None = None,
+    precision: str = "fp32",
+) -> nn.Module:
+    """A single-exit net ``build(in_channels)`` (a ``PlainCNN``, or one of the field's nets of
+    :mod:`pipeline.models.anchors`) trained by the baselines' recipe, as :func:`train_baseline` says."""
     images_uint8 = np.asarray(images_uint8)
     if images_uint8.ndim != 4 or images_uint8.dtype != np.uint8:
         raise ValueError(f"images must be uint8 (N, C, H, W), got {images_uint8.dtype} {images_uint8.shape}")
     image_shape = tuple(int(v) for v in images_uint8.shape[1:])  # (C, H, W)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = PlainCNN(width, image_shape[0], num_classes)
-    macs = plain_macs(module, image_shape)
+        module = build(image_shape[0])
+    macs = count_macs(module, image_shape)
     labels = np.asarray(labels, dtype=np.int64)  # (N,)
     module.to(torch.device("cpu") if device is None else device)
     train_module(module, Prefix((), tuple(mean), tuple(std)), images_uint8, labels, cfg.train_config(seed),
@@ -154,7 +174,7 @@ def train_baseline(
 # ----------------------------------------------------------------------------------------- outputs
 
 
-def plain_outputs(module: PlainCNN, images_uint8: np.ndarray, mean: Sequence[float], std: Sequence[float],
+def plain_outputs(module: nn.Module, images_uint8: np.ndarray, mean: Sequence[float], std: Sequence[float],
                   kind: str = "maxprob") -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (N, K) and confidence (N,) of ``module`` on images (N, C, H, W) uint8, no augmentation."""
     logits, _ = module_outputs(module, Prefix((), tuple(mean), tuple(std)), images_uint8, NO_ARCH, EVAL_BATCH)

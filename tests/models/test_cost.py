@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.models.cost import (
@@ -14,7 +16,7 @@ from pipeline.models.cost import (
     path_latency,
     path_macs,
 )
-from pipeline.models.modules import FixedModule, ModuleSpec, SupernetModule
+from pipeline.models.modules import FixedModule, ModuleSpec, PlainCNN, SupernetModule, build_module
 from pipeline.models.ops import OPS
 from pipeline.search.space import Arch, SearchSpace
 
@@ -108,3 +110,27 @@ def test_latency_table_of_a_fixed_module() -> None:
     module = FixedModule(ModuleSpec("fixed", 6, 2, 1), SHAPE[0], 4)
     table = measure_latency_table(module, SHAPE, batch_sizes=(2,), repeats=2, warmup=0)
     assert table[2]["layers"] == {} and table[2]["fixed"] > 0
+
+
+@pytest.mark.parametrize("width", [8, 24])
+def test_macs_match_flop_counter_on_plain_cnns(width: int) -> None:
+    module = PlainCNN(width, SHAPE[0], 6)
+    assert 2 * count_macs(module, SHAPE) == reference_flops(module)
+
+
+def test_macs_match_flop_counter_on_the_shipped_module_specs() -> None:
+    """Every module params.yaml ships (m1.., in series, on a Fashion-MNIST-sized input): the counter the
+    pipeline prices exits and budgets with equals PyTorch's FlopCounterMode on each path."""
+    modules = yaml.safe_load((Path(__file__).resolve().parents[2] / "params.yaml").read_text())["modules"]
+    shape: tuple[int, ...] = (1, 28, 28)
+    rng = random.Random(0)
+    for name, section in modules.items():
+        spec = ModuleSpec.from_dict(section["spec"])
+        module = build_module(spec, shape[0], 10).eval()
+        archs = [module.default_arch(), *(random_arch(module.space, rng) for _ in range(3 if module.space.labels
+                                                                                         else 0))]
+        for arch in archs:
+            with FlopCounterMode(display=False) as counter, torch.no_grad():
+                module(torch.zeros(1, *shape), arch)
+            assert 2 * count_macs(module, shape, arch) == counter.get_total_flops(), name
+        shape = spec.output_shape(shape)
