@@ -8,8 +8,9 @@ its standard error, mean MACs and the pipeline's wall time.
     python -m bench.own_data --folders shop-colour-48 --seeds 0
     python -m bench.own_data --report bench/out/own_data.json  # the tables of an earlier run
     python -m bench.own_data --rejudge KEPT/scenes-colour-64-seed0 ...  # kept runs' ship decision re-made
+    python -m bench.own_data --anchors resnet18@8 shufflenet_v2@0.5     # the field's nets beside each run
 
-Targets it checks (issue 37): on every folder and seed the shipped model is dominated by none of the
+Targets it checks (docs/RESULTS.md 'Your own images'): on every folder and seed the shipped model is dominated by none of the
 others (another at <= its MACs more than one standard error better on test) and reads within 0.3
 points + 1 SE of the best single exit; over the folders its mean accuracy is >= plain_large's - 0.3
 points at <= 0.5x its mean MACs. Writes bench/out/own_data.json (every run is saved as it finishes).
@@ -111,6 +112,17 @@ def judge(evaluation: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def anchors_beside(repo: Path, anchors: tuple[str, ...], seed: int, shipped: dict[str, Any]) -> dict[str, Any]:
+    """The field's nets (``bench.anchors``) trained on this run's train split at plain_large's step budget,
+    read on its test split; those at <= the shipped model's MACs reading more than its SE higher."""
+    from bench.anchors import parse_anchor, train_and_read
+
+    rows = [train_and_read(repo, *parse_anchor(a), seed) for a in anchors]
+    ahead = [r["name"] for r in rows
+             if r["mean_macs"] <= shipped["mean_macs"] and r["accuracy"] > shipped["accuracy"] + shipped["se"]]
+    return {"anchors": rows, "dominated_by_anchors": ahead}
+
+
 def held_out_figures(repo: Path) -> dict[str, Any]:
     """The figures a choice between settings may read: accuracies on the held-out images (route +
     calib) that calibrate and baselines fit on, never on test."""
@@ -164,6 +176,7 @@ def run_one(
     logs: Path,
     keep: Path | None = None,
     overrides: tuple[str, ...] = (),
+    anchors: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """One pipeline run in a fresh copy of the working tree (kept under ``keep`` when given, for a look at
     its models and splits afterwards; else removed)."""
@@ -202,6 +215,8 @@ def run_one(
         meta = json.loads((repo / "data" / "prepared" / "meta.json").read_text())
         ingest = json.loads((repo / "metrics" / "ingest.json").read_text())
         held_out = held_out_figures(repo)
+        verdict = judge(evaluation)
+        beside = anchors_beside(repo, anchors, seed, verdict) if anchors else {}
     return {
         "folder": folder.name,
         "seed": seed,
@@ -211,7 +226,8 @@ def run_one(
         "image_shape": meta.get("image_shape"),
         "held_out": held_out,
         "splits": {k: v for k, v in ingest.items() if k.endswith("_count")},
-        **judge(evaluation),
+        **verdict,
+        **beside,
     }
 
 
@@ -225,6 +241,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": len(ok),
         "failed": len(runs) - len(ok),
         "never_dominated": all(not r["dominated_by"] for r in ok),
+        "never_dominated_by_anchors": all(not r.get("dominated_by_anchors") for r in ok),
         "within_best_exit": all(r["within_best_exit"] for r in ok),
         "mean_accuracy": shipped,
         "mean_plain_large_accuracy": sum(x["accuracy"] for x in large) / len(ok),
@@ -280,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a params override for every run (dvc exp run -S), e.g. modules.m2.train.kd=1.0",
     )
+    p.add_argument("--anchors", nargs="*", default=[], metavar="ARCH@WIDTH",
+                   help="the field's nets (bench.anchors) to train beside each run, e.g. resnet18@8")
     p.add_argument("--keep", type=Path, default=None, help="keep each run's repository under this folder")
     p.add_argument("--report", type=Path, default=None, help="print the tables of an earlier run and stop")
     p.add_argument("--rejudge", type=Path, nargs="+", default=None, metavar="KEPT_RUN",
@@ -305,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = make_folder(name, args.data_dir)
         for seed in args.seeds:
             print(f"own_data: {name} seed {seed} ...", flush=True)
-            runs.append(run_one(folder, seed, args.profile, logs, args.keep, tuple(args.set)))
+            runs.append(run_one(folder, seed, args.profile, logs, args.keep, tuple(args.set), tuple(args.anchors)))
             args.out.write_text(
                 json.dumps({"profile": args.profile, "runs": runs, "summary": summary(runs)}, indent=2) + "\n"
             )

@@ -2,7 +2,7 @@
 machine (Fashion-MNIST from its Debian package, scikit-learn's digits, drawn scenes), deterministic for
 a seed. One sub-folder per class, PNG or JPEG inside, as ``imagefolder:<dir>`` reads them.
 
-    python -m bench.own_data_folders --out /tmp/folders            # all four
+    python -m bench.own_data_folders --out /tmp/folders            # all five
     python -m bench.own_data_folders --out /tmp/folders --only scenes-colour-64
 
 - shop-colour-48: 1,550 JPEG, 48 px RGB, 5 garment classes unbalanced 500/400/300/200/150 (one name
@@ -10,6 +10,9 @@ a seed. One sub-folder per class, PNG or JPEG inside, as ``imagefolder:<dir>`` r
 - fashion-grey-28: 2,100 PNG, 28 px grey, 6 confusable garments unbalanced 600/450/350/300/250/150.
 - digits-grey-32: 1,797 PNG, 32 px grey (upscaled from 8 px, noise added), 10 balanced classes: easy.
 - scenes-colour-64: 2,400 PNG, 64 px RGB, 6 shapes balanced: hard, a small shape off-centre in clutter.
+- occluded-colour-48: 2,400 PNG, 48 px RGB, 8 garments balanced, each half hidden behind 2-4 opaque
+  patches of random colour and noise: hard of another kind (a large object, partly seen; similar
+  garments told apart by what shows).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ FASHION_CLASSES = {
     3: ("dress", 250),
     8: ("bag", 150),
 }
+OCCLUDED_CLASSES = {label: (name, 300) for label, name in enumerate(
+    ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker"))}
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "frame")
 SCENES_PER_CLASS = 400
 
@@ -118,6 +123,23 @@ def scene(shape: str, size: int, rng: np.random.Generator, radius: tuple[float, 
     return np.asarray(img)
 
 
+def occlude(rgb: np.ndarray, rng: np.random.Generator, patches: tuple[int, int] = (2, 4),
+            side: tuple[float, float] = (0.25, 0.45)) -> np.ndarray:
+    """``rgb`` (size, size, 3) with 2-4 opaque patches (rectangles or ellipses, sides 25-45% of the image,
+    a random colour plus noise) centred in the middle half, where the garment is: about half of it hidden."""
+    size = rgb.shape[0]
+    img = Image.fromarray(rgb)
+    draw = ImageDraw.Draw(img)
+    for _ in range(int(rng.integers(patches[0], patches[1] + 1))):
+        w, h = rng.uniform(*side, 2) * size
+        cx, cy = rng.uniform(0.25, 0.75, 2) * size
+        box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
+        fill = tuple(int(v) for v in _colour(rng, (0.1, 1.0)))
+        (draw.rectangle if rng.random() < 0.5 else draw.ellipse)(box, fill=fill)
+    noisy = np.asarray(img, dtype=np.float64) + rng.normal(0, 6, rgb.shape)
+    return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)
+
+
 def _save(folder: Path, name: str, index: int, pixels: np.ndarray, suffix: str) -> None:
     out = folder / name
     out.mkdir(parents=True, exist_ok=True)
@@ -164,11 +186,19 @@ def make_scenes(folder: Path, seed: int) -> Path:
     return folder
 
 
+def make_occluded(folder: Path, seed: int) -> Path:
+    rng = np.random.default_rng(seed + 4)
+    for i, (name, grey) in enumerate(_fashion_rows(OCCLUDED_CLASSES, rng)):
+        _save(folder, name, i, occlude(colourise(grey, 48, rng), rng), ".png")
+    return folder
+
+
 FOLDERS: dict[str, Callable[[Path, int], Path]] = {
     "shop-colour-48": make_shop,
     "fashion-grey-28": make_fashion_grey,
     "digits-grey-32": make_digits,
     "scenes-colour-64": make_scenes,
+    "occluded-colour-48": make_occluded,
 }
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bench.own_data import judge, summary, table
-from bench.own_data_folders import SHAPES, colourise, scene
+from bench.own_data_folders import FOLDERS, OCCLUDED_CLASSES, SHAPES, colourise, occlude, scene
 
 
 def evaluation(cascade: float, exits: list[float], small: float, n: int = 300) -> dict:
@@ -70,3 +70,18 @@ def test_the_scenes_and_the_colourised_garments_are_what_they_say():
         scene("hexagon", 64, rng)
     garment = colourise(np.full((28, 28), 255, dtype=np.uint8), 48, rng)
     assert garment.shape == (48, 48, 3) and garment.std(axis=2).mean() > 5  # colour, not grey
+
+
+def test_occluded_garments_hide_about_half_of_the_middle():
+    rng = np.random.default_rng(0)
+    garment = colourise(np.full((28, 28), 255, dtype=np.uint8), 48, rng)
+    hidden = []
+    for _ in range(20):
+        img = occlude(garment, rng)
+        assert img.shape == garment.shape and img.dtype == np.uint8
+        middle = (slice(12, 36), slice(12, 36))
+        changed = np.abs(img[middle].astype(int) - garment[middle].astype(int)).max(axis=2) > 30
+        hidden.append(changed.mean())
+    assert 0.25 < float(np.mean(hidden)) < 0.8  # patches cover a good part of the garment, not all of it
+    assert "occluded-colour-48" in FOLDERS and len(OCCLUDED_CLASSES) == 8
+    assert sum(count for _, count in OCCLUDED_CLASSES.values()) == 2400
