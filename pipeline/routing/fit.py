@@ -18,12 +18,28 @@ from pipeline.routing.calibration import (
     simulate_thresholds,
 )
 from pipeline.routing.engine import Stage, combine_exits, run_all_exits
+from pipeline.routing.operating_points import OperatingPoint, fit_operating_points
 
 
 def exit_outputs(stages: list[Stage], x: torch.Tensor, kind: str) -> tuple[torch.Tensor, np.ndarray]:
     """Every exit's logits (N, K, classes) as float32 on the CPU and the cost of leaving at each (N, K)."""
     outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512)
     return outs["logits"].cpu().float(), outs["cum_macs"].cpu().numpy()
+
+
+def exit_arrays(logits: torch.Tensor, y: torch.Tensor, kind: str, decay: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each exit's confidence and whether it is right (N, K each), exits answering with the exit ensemble
+    of ``decay`` (0: each exit alone), as the calibration functions read them."""
+    scores = combine_exits(logits, decay)  # (N, K, classes)
+    return confidence(scores, kind).numpy(), (scores.argmax(dim=-1) == y[:, None]).numpy()
+
+
+def held_out_points(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, fitted: dict, cfg: dict,
+                    kind: str) -> list[OperatingPoint]:
+    """The operating points of a fitted cascade (``fit``'s result: its thresholds and exit-ensemble decay)
+    on the same held-out images, from its own thresholds down to exit 1 alone."""
+    conf, correct = exit_arrays(logits, y, kind, float(fitted["ensemble_decay"]))
+    return fit_operating_points(conf, correct, cum, fitted["thresholds"], grid=int(cfg["grid"]))
 
 
 def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, decay: float, *,
@@ -38,9 +54,7 @@ def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg
                      decay: float, *, least_if_none: bool = False) -> tuple[dict, np.ndarray]:
     """``fit``, and the calibrated cascade's per-image answers on these images ((N,) bool, right or not)."""
     min_reach = float(cfg.get("min_reach", 0.0))
-    scores = combine_exits(logits, decay)  # (N, K, classes)
-    conf = confidence(scores, kind).numpy()
-    correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
+    conf, correct = exit_arrays(logits, y, kind, decay)
     if cfg["mode"] == "budget":
         thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]),
                                              least_if_none=least_if_none, min_reach=min_reach)
