@@ -14,8 +14,9 @@ that served it), ``GET /metrics`` (Prometheus: :mod:`pipeline.serving.metrics`),
 
 Operating points (docs/DESIGN.md 'Serving'): a request may carry a budget (JSON ``"budget"`` or header
 ``X-Cascade-Budget``: MACs per image, or a point's name) and is answered at the most accurate of the model's
-points within it (refused, 400, where none is); a request without one is answered at the point in use,
-the accuracy-first one. A batch with several points runs once per point.
+points within it (refused, 400, where none is); a request without one is answered at the point in use:
+the accuracy-first one, or with ``p99_ms`` the one the latency controller chose from the measured queue
+wait and batch time (:mod:`pipeline.serving.controller`). A batch with several points runs once per point.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +32,7 @@ import litserve as ls
 import numpy as np
 
 from pipeline.routing.operating_points import OperatingPoint, choose_point
+from pipeline.serving.controller import ControlConfig, LatencyController
 from pipeline.serving.limits import PREDICT_PATH, ServeLimits
 from pipeline.serving.requests import BadRequest, arrival, decode_payload, request_budget
 
@@ -52,6 +55,7 @@ class ServeConfig:
     api_servers: int = 1  # LitServe's HTTP front processes (decoding and the guard run there)
     exits: bool = True  # False: the static path (every module on every image), for comparison
     limits: ServeLimits = ServeLimits()
+    p99_ms: float | None = None  # a latency target: the controller moves along the operating points
 
     def __post_init__(self) -> None:
         from pipeline.serving.engines import ENGINES
@@ -64,6 +68,8 @@ class ServeConfig:
             raise ValueError("max_batch_size, threads and api_servers must be >= 1")
         if not 0 < self.batch_timeout <= 1:
             raise ValueError(f"batch_timeout must be in (0, 1] seconds, got {self.batch_timeout}")
+        if self.p99_ms is not None and not (self.p99_ms > 0 and self.exits):
+            raise ValueError(f"p99_ms must be > 0 and needs the early exits (not --static), got {self.p99_ms}")
 
 
 class Refused:
@@ -128,6 +134,16 @@ class CascadeAPI(ls.LitAPI):
         self.current = self.engine.points[0]  # the accuracy-first point
         self.metrics.in_use(self.current.name, self.current.mean_macs, [p.name for p in self.engine.points],
                             changed=False)
+        self.control = None
+        if self.config.p99_ms is not None:
+            self.control = latency_controller(self.engine.points, self.config.p99_ms)
+
+    def _follow(self, index: int | None) -> None:
+        """Use the point the controller moved to (None: it stayed)."""
+        if index is not None:
+            self.current = self.engine.points[index]
+            self.metrics.in_use(self.current.name, self.current.mean_macs, [p.name for p in self.engine.points],
+                                changed=True)
 
     def _point(self, payload: Any) -> OperatingPoint | None:
         """The point a request's budget asks for, or None; a BadRequest where no point meets it."""
@@ -160,11 +176,16 @@ class CascadeAPI(ls.LitAPI):
 
     def predict(self, inputs: list[Job | Refused]) -> list[Answer | Refused]:
         start = time.monotonic()
+        if self.control is not None:
+            self._follow(self.control.before(start))
         out = answer_batch(self.engine, inputs, self.current, self.config.exits)
-        seconds = time.monotonic() - start
+        end = time.monotonic()
         jobs = [x for x in inputs if isinstance(x, Job)]
-        waits = [start - j.arrived for j in jobs if j.arrived is not None]
-        self.metrics.batch(len(jobs), sum(len(j.images) for j in jobs), seconds, waits)
+        arrivals = [j.arrived for j in jobs if j.arrived is not None]
+        images = sum(len(j.images) for j in jobs)
+        self.metrics.batch(len(jobs), images, end - start, [start - a for a in arrivals])
+        if self.control is not None:
+            self._follow(self.control.observe(end, end - start, arrivals, images))
         return out
 
     def unbatch(self, outputs: list[Any]) -> list[Any]:
@@ -183,6 +204,14 @@ class CascadeAPI(ls.LitAPI):
             return Response(error_body(output.status, output.message), status_code=output.status,
                             media_type="application/json")
         raise TypeError(f"no answer for {type(output).__name__}")
+
+
+def latency_controller(points: Sequence[OperatingPoint], p99_ms: float) -> LatencyController:
+    """The controller of ``--p99-ms`` over ``points``, or a ValueError saying why the model cannot have one."""
+    if len(points) < 2 or any(p.mean_macs is None for p in points):
+        raise ValueError("--p99-ms needs a model carrying two or more operating points with held-out costs "
+                         "(recorded by calibrate; `cascade info` lists them)")
+    return LatencyController([float(p.mean_macs) for p in points], ControlConfig(target_s=p99_ms / 1e3))
 
 
 def build_server(config: ServeConfig) -> Any:
@@ -216,7 +245,8 @@ def serve(config: ServeConfig) -> None:
     server = build_server(config)
     print(f"cascade serve: http://{config.host}:{config.port}{PREDICT_PATH} ({config.engine} engine, "
           f"batches of up to {config.max_batch_size} requests, wait {config.batch_timeout * 1e3:g} ms; "
-          f"{'early exits' if config.exits else 'static path: no early exit'})", flush=True)
+          f"{'early exits' if config.exits else 'static path: no early exit'}"
+          f"{f'; p99 target {config.p99_ms:g} ms' if config.p99_ms else ''}; metrics on /metrics)", flush=True)
     try:
         server.run(host=config.host, port=config.port, num_api_servers=config.api_servers,
                    generate_client_file=False, log_level="warning")

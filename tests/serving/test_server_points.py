@@ -89,3 +89,34 @@ def test_budgets_pick_points_and_metrics_count_the_answers(served: int, points_m
     assert got[("cascade_queue_wait_seconds_count", ())] == 21
     assert got[("cascade_request_seconds_count", (("status", "200"),))] == 21
     assert got[("cascade_request_seconds_count", (("status", "400"),))] == 3
+
+
+def test_a_p99_target_needs_points_the_exits_and_litserve(tiny_model: Path, points_model: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from pipeline.cli import main
+
+    assert main(["serve", "--model", str(tiny_model), "--engine", "torch", "--p99-ms", "50"]) == 2
+    assert "needs a model carrying two or more operating points" in capsys.readouterr().err
+    for extra in (["--static"], ["--server", "triton"]):
+        assert main(["serve", "--model", str(points_model), "--p99-ms", "50", *extra]) == 2
+        assert "--p99-ms runs on LitServe with the early exits" in capsys.readouterr().err
+
+
+def test_the_server_follows_its_controller(points_model: Path) -> None:
+    """Requests that waited far past the target move the point in use to a cheaper one; a request's own
+    budget is still answered at its point."""
+    import time
+
+    from pipeline.serving.server import CascadeAPI, Job, ServeConfig
+
+    api = CascadeAPI(ServeConfig(str(points_model), "torch", p99_ms=20))
+    api.setup(None)
+    images = uint8_images(1, seed=4)
+    points = api.engine.points
+    assert api.current == points[0]
+    late = [Job(images, None, time.monotonic() - 1.0) for _ in range(30)]  # each waited 1 s
+    answers = api.predict(late)
+    assert {a.point.name for a in answers} == {"accurate"} and api.current != points[0]
+    cheaper = api.current
+    answers = api.predict([Job(images, None, time.monotonic()), Job(images, points[0], time.monotonic())])
+    assert [a.point for a in answers] == [cheaper, points[0]]
