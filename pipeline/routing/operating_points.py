@@ -1,12 +1,13 @@
 """A model's operating points: named exit-threshold settings with their held-out accuracy and mean MACs,
 from the accuracy-first point (the thresholds ``calibrate`` ships) down to exit 1 alone.
 
-They are fitted on the held-out split ``calibrate`` reads (``calibration.calib_front``: the best held-out
-accuracy at each budget, the same fit ``evaluate``'s budget curves read on test), written into the model's
-manifest (``CascadeMeta.operating_points``) and so carried by the ONNX export and the registered model. A
+They are fitted on the held-out split ``calibrate`` reads (``fit.fit_operating_points``), written into the
+model's manifest (``CascadeMeta.operating_points``) and so carried by the ONNX export and the registered
+model. This module is their format and choice only (no fitting, nothing heavy imported: the model format
+and the Triton backend read it). A
 server answers a request at one of them (a per-request cost ceiling, or the latency controller's choice):
 docs/DESIGN.md 'Serving'. Names: ``accurate`` (the shipped thresholds), ``p1``..``pN`` (cheaper in order),
-``exit1`` (every image answered at the first exit). Pure numpy / Python: no torch here.
+``exit1`` (every image answered at the first exit).
 """
 
 from __future__ import annotations
@@ -16,14 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from pipeline.routing.calibration import ALWAYS, NEVER, calib_front, simulate_thresholds
-
 ACCURATE = "accurate"
 EXIT1 = "exit1"
-DEFAULT_COUNT = 6  # points between the two ends: enough steps for a controller, few enough to read
-FRONT_BUDGETS = 41  # budgets calib_front spreads over the cost range (as evaluate's curves)
 
 
 @dataclass(frozen=True)
@@ -39,44 +34,6 @@ class OperatingPoint:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "thresholds": list(self.thresholds), "accuracy": self.accuracy,
                 "mean_macs": self.mean_macs}
-
-
-def _point(name: str, conf: np.ndarray, correct: np.ndarray, cum: np.ndarray,
-           thresholds: Sequence[float]) -> OperatingPoint:
-    accuracy, macs, _ = simulate_thresholds(conf, correct, cum, thresholds)
-    return OperatingPoint(name, tuple(float(t) for t in thresholds), float(accuracy), float(macs))
-
-
-def _spread(rows: list[dict[str, Any]], low: float, high: float, count: int) -> list[dict[str, Any]]:
-    """At most ``count`` of ``rows`` (sorted by cost), the nearest in cost to evenly spaced targets
-    strictly between ``low`` and ``high``, so the steps between points are about equal in MACs."""
-    chosen: list[dict[str, Any]] = []
-    for target in np.linspace(high, low, count + 2)[1:-1]:
-        best = min(rows, key=lambda r: abs(r["calib_mean_macs"] - target), default=None)
-        if best is not None and best not in chosen:
-            chosen.append(best)
-    return sorted(chosen, key=lambda r: -r["calib_mean_macs"])
-
-
-def fit_operating_points(conf: Any, correct: Any, cum_macs: Any, accurate: Sequence[float], *,
-                         grid: int = 50, count: int = DEFAULT_COUNT) -> list[OperatingPoint]:
-    """The operating points on these held-out arrays ((N, K) each, as ``calibration``'s functions take):
-    ``accurate`` (the thresholds given), up to ``count`` cheaper points of the held-out front, and
-    ``exit1``; costs strictly decreasing. A one-exit model has the single point ``accurate``."""
-    conf, correct, cum = np.asarray(conf), np.asarray(correct).astype(bool), np.asarray(cum_macs, np.float64)
-    if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
-    top = _point(ACCURATE, conf, correct, cum, accurate)
-    if conf.shape[1] == 1:
-        return [top]
-    bottom = _point(EXIT1, conf, correct, cum, [ALWAYS] + [NEVER] * (conf.shape[1] - 2))
-    if bottom.mean_macs >= top.mean_macs:  # the shipped thresholds already answer everything at exit 1
-        return [top]
-    front = [r for r in calib_front(conf, correct, cum, grid=grid, points=FRONT_BUDGETS)
-             if bottom.mean_macs < r["calib_mean_macs"] < top.mean_macs]
-    middle = [_point(f"p{i}", conf, correct, cum, r["thresholds"])
-              for i, r in enumerate(_spread(front, bottom.mean_macs, top.mean_macs, count), start=1)]
-    return [top, *middle, bottom]
 
 
 def _number(value: Any, what: str) -> float | None:

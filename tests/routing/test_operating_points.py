@@ -1,5 +1,6 @@
-"""Operating points (pipeline.routing.operating_points): fitted on held-out arrays, parsed back, chosen by
-a request's budget; carried by the model directory's manifest (pipeline.routing.package)."""
+"""Operating points (pipeline.routing.operating_points): fitted on held-out arrays (pipeline.routing.fit),
+parsed back, chosen by a request's budget; carried by the model directory's manifest
+(pipeline.routing.package)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,8 @@ import numpy as np
 import pytest
 
 from pipeline.routing.calibration import simulate_thresholds
-from pipeline.routing.operating_points import (
-    ACCURATE,
-    EXIT1,
-    OperatingPoint,
-    choose_point,
-    fit_operating_points,
-    parse_points,
-    within,
-)
+from pipeline.routing.fit import fit_operating_points
+from pipeline.routing.operating_points import ACCURATE, EXIT1, OperatingPoint, choose_point, parse_points, within
 from pipeline.routing.package import CascadeMeta, load_cascade, save_cascade
 from tests.routing.test_package import META, tiny_stages
 

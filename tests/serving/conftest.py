@@ -46,7 +46,7 @@ def held_out_arrays(stages: list, images: object) -> tuple:
 def calibrated(directory: Path, n: int = 3000, seed: int = 5) -> Path:
     """The test cascade with its operating points fitted on ``n`` held-out images (as calibrate does)."""
     from pipeline.routing.calibration import calibrate_delta
-    from pipeline.routing.operating_points import fit_operating_points
+    from pipeline.routing.fit import fit_operating_points
     from pipeline.routing.package import with_thresholds
     from tests.routing.test_package import uint8_images
 
