@@ -39,7 +39,10 @@ def test_the_onnx_export_carries_the_points(points_model: Path, tmp_path: Path) 
     assert load_engine(points_model, "torch").points == engine.points
 
 
-def test_a_model_without_points_serves_its_own_thresholds(tiny_model: Path) -> None:
+def test_a_model_without_points_serves_its_own_thresholds(tiny_model: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--model", str(tiny_model)]) == 0
+    assert "operating points: none recorded" in capsys.readouterr().out
     (point,) = load_engine(tiny_model, "torch").points
     assert point.name == "accurate" and point.mean_macs is None
     assert list(point.thresholds) == [s.threshold for s in load_cascade(tiny_model).stages[:-1]]

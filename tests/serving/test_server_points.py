@@ -75,6 +75,9 @@ def test_budgets_pick_points_and_metrics_count_the_answers(served: int, points_m
     want = engine.recognize(images[16:32], thresholds=points[-1].thresholds)  # the rows are the point's own
     assert [r["exit"] for r in good[4][1]["predictions"]] == [r["exit"] for r in want] == [1] * 16
     assert [r["macs"] for r in good[4][1]["predictions"]] == [round(points[-1].mean_macs)] * 16
+    want = engine.recognize(images[32:], thresholds=within(points, ceiling).thresholds)
+    assert [(a["predictions"][0]["exit"], a["predictions"][0]["macs"]) for _, a in good[5:]] == \
+        [(r["exit"], r["macs"]) for r in want]
 
     got = metrics(served)
     exits = Counter(str(r["exit"]) for _, a in good for r in a["predictions"])
