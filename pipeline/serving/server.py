@@ -101,19 +101,18 @@ def answer_batch(engine: Any, inputs: list[Job | Refused], current: OperatingPoi
                  ) -> list[Answer | Refused]:
     """Each request's answer: the jobs grouped by the point that serves them (their own, else ``current``),
     one engine call per group; refusals passed through in place."""
-    groups: dict[OperatingPoint, list[int]] = {}
+    groups: dict[OperatingPoint, list[tuple[int, Job]]] = {}
     for i, job in enumerate(inputs):
         if isinstance(job, Job):
-            groups.setdefault(job.point or current, []).append(i)
-    out: list[Answer | Refused] = list(inputs)  # type: ignore[arg-type]
+            groups.setdefault(job.point or current, []).append((i, job))
+    out: list[Any] = list(inputs)  # each Job is replaced by its Answer below
     for point, members in groups.items():
-        images = np.concatenate([inputs[i].images for i in members])  # type: ignore[union-attr]
+        images = np.concatenate([job.images for _, job in members])
         rows = engine.recognize(images, exits=exits, thresholds=point.thresholds if exits else None)
         start = 0
-        for i in members:
-            n = len(inputs[i].images)  # type: ignore[union-attr]
-            out[i] = Answer(rows[start:start + n], point if exits else None)
-            start += n
+        for i, job in members:
+            out[i] = Answer(rows[start:start + len(job.images)], point if exits else None)
+            start += len(job.images)
     return out
 
 
