@@ -167,6 +167,7 @@ def _info_text(summary: dict[str, Any], model: str) -> str:
         lines.append(f"  routing: {routing}, predictor MACs {m['predictor_macs']:,}")
         for r, cand in enumerate(m["candidates"], start=1):
             lines.append(f"  candidate {r}: {cand['subnet'] or 'fixed'}  MACs {cand['macs']:,}")
+    lines += points_lines(summary["operating_points"])
     figures = _flatten(summary["info"]) if summary["info"] else []
     if figures:
         lines.append("info:")
@@ -218,8 +219,22 @@ def describe_cascade(loaded: LoadedCascade) -> dict[str, Any]:
         "confidence_kind": meta.confidence_kind,
         "ensemble_decay": meta.ensemble_decay,
         "modules": modules,
+        "operating_points": [p.to_dict() for p in meta.operating_points],
         "info": meta.info,
     }
+
+
+def points_lines(points: Sequence[dict[str, Any]]) -> list[str]:
+    """The operating points as ``cascade info`` prints them: name, held-out accuracy and MACs, thresholds."""
+    if not points:
+        return ["operating points: none recorded (the model's own thresholds only)"]
+    lines = ["operating points (held-out accuracy, mean MACs per image; a request or --p99-ms picks one):"]
+    for p in points:
+        acc = "?" if p["accuracy"] is None else f"{p['accuracy']:.4f}"
+        macs = "?" if p["mean_macs"] is None else f"{p['mean_macs']:,.0f}"
+        lines.append(f"  {p['name']}: accuracy {acc} at {macs} MACs; thresholds "
+                     f"{[round(t, 4) for t in p['thresholds']]}")
+    return lines
 
 
 def format_subnets(subnets: Sequence[str]) -> str:

@@ -29,7 +29,7 @@ from pipeline.params.config import TrackingConfig, section
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_stages
 from pipeline.routing.calibration import reach_line
-from pipeline.routing.fit import exit_outputs, fit_best_ensemble
+from pipeline.routing.fit import exit_outputs, fit_best_ensemble, held_out_points
 from pipeline.routing.package import CascadeMeta, packaged, plain_packaged, save_cascade
 from pipeline.routing.recognize import preprocess
 from pipeline.train.baselines import LARGE, SMALL, load_baselines
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
             with autocast(device, compute.precision):
                 logits, cum = exit_outputs(stages, x, kind)
             results[routing] = fit_best_ensemble(logits, cum, y, cfg, kind)
-            packages[routing] = (out, *packaged(stages, cmeta, results[routing], routing, cfg, params))
+            points = held_out_points(logits, cum, y, results[routing], cfg, kind)  # docs/DESIGN.md 'Serving'
+            packages[routing] = (out, *packaged(stages, cmeta, results[routing], routing, cfg, params, points))
             if routing == "default":
                 fixed_outputs = (stages, cmeta, logits, cum, y)
         # The fixed cascade held to the selected cascade's cost on calib: its best exit rule within that

@@ -177,8 +177,18 @@ def _check(stages: Sequence[Stage], images: torch.Tensor, batch_size: int | None
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
 
 
+def check_thresholds(thresholds: Sequence[float] | None, n_stages: int) -> list[float] | None:
+    """Per-call thresholds as K-1 floats (the last stage always answers), or a ValueError naming them."""
+    if thresholds is None:
+        return None
+    values = [float(t) for t in thresholds]
+    if len(values) != n_stages - 1 or any(math.isnan(t) for t in values):
+        raise ValueError(f"{n_stages} stages need {n_stages - 1} thresholds (not NaN), got {list(thresholds)}")
+    return values
+
+
 def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: str,
-               decay: float = 0.0) -> CascadeOutput:
+               decay: float = 0.0, thresholds: Sequence[float] | None = None) -> CascadeOutput:
     b, k_total, device = images.shape[0], len(stages), images.device
     pred = torch.full((b,), -1, dtype=torch.long, device=device)
     conf = torch.zeros(b, dtype=images.dtype, device=device)
@@ -201,7 +211,10 @@ def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: s
         macs[active] += _spent(stage, choice)
         c = confidence(logits, confidence_kind)  # (n,)
         last = k == k_total - 1
-        leave = torch.ones_like(c, dtype=torch.bool) if last else exit_mask(c, stage.threshold)  # (n,)
+        if last:
+            leave = torch.ones_like(c, dtype=torch.bool)  # (n,)
+        else:
+            leave = exit_mask(c, stage.threshold if thresholds is None else thresholds[k])  # (n,)
         rows = active[leave]
         pred[rows] = logits[leave].argmax(dim=1)
         conf[rows] = c[leave]
@@ -221,9 +234,13 @@ def run_cascade(
     confidence_kind: str = "maxprob",
     batch_size: int | None = None,
     ensemble_decay: float = 0.0,
+    thresholds: Sequence[float] | None = None,
 ) -> CascadeOutput:
     """Early-exit inference on images (B, C, H, W): each image leaves at the first module whose
     confidence reaches its threshold (the last module always answers).
+
+    ``thresholds`` (K-1 values) replace the stages' own for this call only: how a server answers at
+    one of the model's operating points without copying the stages (docs/DESIGN.md 'Serving').
 
     ``batch_size`` splits the input into chunks run one after another (bounded memory); the
     per-image results do not depend on it, and ``calls`` are summed over the chunks.
@@ -232,12 +249,13 @@ def run_cascade(
     """
     _check(stages, images, batch_size)
     decay = check_decay(ensemble_decay)
+    thresholds = check_thresholds(thresholds, len(stages))
     step = batch_size or max(images.shape[0], 1)
     with eval_mode(*_nets(stages)), torch.inference_mode():
         starts = range(0, images.shape[0], step)
-        parts = [_run_batch(stages, images[i : i + step], confidence_kind, decay) for i in starts]
+        parts = [_run_batch(stages, images[i : i + step], confidence_kind, decay, thresholds) for i in starts]
         if not parts:
-            return _run_batch(stages, images, confidence_kind, decay)
+            return _run_batch(stages, images, confidence_kind, decay, thresholds)
         return CascadeOutput(
             pred=torch.cat([p.pred for p in parts]),
             conf=torch.cat([p.conf for p in parts]),

@@ -1,13 +1,20 @@
 """Fitting a cascade's exit rule on labelled images: one forward pass over every exit, then thresholds
-for each exit-ensemble decay (``engine.combine_exits``), and the decay whose cascade is best."""
+for each exit-ensemble decay (``engine.combine_exits``), the decay whose cascade is best, and its
+operating points (``operating_points``: from the fitted thresholds down to exit 1 alone)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
 from pipeline.models.modules import confidence
 from pipeline.routing.calibration import (
+    ALWAYS,
+    NEVER,
+    calib_front,
     calibrate_budget,
     calibrate_delta,
     choose_ensemble_decay,
@@ -18,12 +25,69 @@ from pipeline.routing.calibration import (
     simulate_thresholds,
 )
 from pipeline.routing.engine import Stage, combine_exits, run_all_exits
+from pipeline.routing.operating_points import ACCURATE, EXIT1, OperatingPoint
+
+POINTS_BETWEEN = 6  # operating points between the two ends: steps enough for a controller, few enough to read
+FRONT_BUDGETS = 41  # budgets calib_front spreads over the cost range (as evaluate's curves)
 
 
 def exit_outputs(stages: list[Stage], x: torch.Tensor, kind: str) -> tuple[torch.Tensor, np.ndarray]:
     """Every exit's logits (N, K, classes) as float32 on the CPU and the cost of leaving at each (N, K)."""
     outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512)
     return outs["logits"].cpu().float(), outs["cum_macs"].cpu().numpy()
+
+
+def exit_arrays(logits: torch.Tensor, y: torch.Tensor, kind: str, decay: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each exit's confidence and whether it is right (N, K each), exits answering with the exit ensemble
+    of ``decay`` (0: each exit alone), as the calibration functions read them."""
+    scores = combine_exits(logits, decay)  # (N, K, classes)
+    return confidence(scores, kind).numpy(), (scores.argmax(dim=-1) == y[:, None]).numpy()
+
+
+def _point(name: str, conf: np.ndarray, correct: np.ndarray, cum: np.ndarray,
+           thresholds: Sequence[float]) -> OperatingPoint:
+    accuracy, macs, _ = simulate_thresholds(conf, correct, cum, thresholds)
+    return OperatingPoint(name, tuple(float(t) for t in thresholds), float(accuracy), float(macs))
+
+
+def _spread(rows: list[dict[str, Any]], low: float, high: float, count: int) -> list[dict[str, Any]]:
+    """At most ``count`` of ``rows`` (sorted by cost), the nearest in cost to evenly spaced targets
+    strictly between ``low`` and ``high``, so the steps between points are about equal in MACs."""
+    chosen: list[dict[str, Any]] = []
+    for target in np.linspace(high, low, count + 2)[1:-1]:
+        best = min(rows, key=lambda r: abs(r["calib_mean_macs"] - target), default=None)
+        if best is not None and best not in chosen:
+            chosen.append(best)
+    return sorted(chosen, key=lambda r: -r["calib_mean_macs"])
+
+
+def fit_operating_points(conf: Any, correct: Any, cum_macs: Any, accurate: Sequence[float], *,
+                         grid: int = 50, count: int = POINTS_BETWEEN) -> list[OperatingPoint]:
+    """The operating points on these held-out arrays ((N, K) each, as ``calibration``'s functions take):
+    ``accurate`` (the thresholds given), up to ``count`` cheaper points of the held-out front, and
+    ``exit1``; costs strictly decreasing. A one-exit model has the single point ``accurate``."""
+    conf, correct, cum = np.asarray(conf), np.asarray(correct).astype(bool), np.asarray(cum_macs, np.float64)
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    top = _point(ACCURATE, conf, correct, cum, accurate)
+    if conf.shape[1] == 1:
+        return [top]
+    bottom = _point(EXIT1, conf, correct, cum, [ALWAYS] + [NEVER] * (conf.shape[1] - 2))
+    if bottom.mean_macs >= top.mean_macs:  # the shipped thresholds already answer everything at exit 1
+        return [top]
+    front = [r for r in calib_front(conf, correct, cum, grid=grid, points=FRONT_BUDGETS)
+             if bottom.mean_macs < r["calib_mean_macs"] < top.mean_macs]
+    middle = [_point(f"p{i}", conf, correct, cum, r["thresholds"])
+              for i, r in enumerate(_spread(front, bottom.mean_macs, top.mean_macs, count), start=1)]
+    return [top, *middle, bottom]
+
+
+def held_out_points(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, fitted: dict, cfg: dict,
+                    kind: str) -> list[OperatingPoint]:
+    """The operating points of a fitted cascade (``fit``'s result: its thresholds and exit-ensemble decay)
+    on the same held-out images, from its own thresholds down to exit 1 alone."""
+    conf, correct = exit_arrays(logits, y, kind, float(fitted["ensemble_decay"]))
+    return fit_operating_points(conf, correct, cum, fitted["thresholds"], grid=int(cfg["grid"]))
 
 
 def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, decay: float, *,
@@ -38,9 +102,7 @@ def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg
                      decay: float, *, least_if_none: bool = False) -> tuple[dict, np.ndarray]:
     """``fit``, and the calibrated cascade's per-image answers on these images ((N,) bool, right or not)."""
     min_reach = float(cfg.get("min_reach", 0.0))
-    scores = combine_exits(logits, decay)  # (N, K, classes)
-    conf = confidence(scores, kind).numpy()
-    correct = (scores.argmax(dim=-1) == y[:, None]).numpy()
+    conf, correct = exit_arrays(logits, y, kind, decay)
     if cfg["mode"] == "budget":
         thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]),
                                              least_if_none=least_if_none, min_reach=min_reach)

@@ -33,6 +33,7 @@ from pipeline.models.modules import (
     build_module,
 )
 from pipeline.routing.engine import Stage, check_decay
+from pipeline.routing.operating_points import OperatingPoint, parse_points
 from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
 
@@ -65,6 +66,8 @@ class CascadeMeta:
     num_classes: int = 0  # 0: take len(classes)
     info: dict[str, Any] = field(default_factory=dict, hash=False)
     ensemble_decay: float = 0.0  # exit ensemble (engine.combine_exits); 0 = each exit answers alone
+    # the held-out curve a server answers along (pipeline.routing.operating_points); () = the thresholds only
+    operating_points: tuple[OperatingPoint, ...] = field(default=(), hash=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
@@ -73,6 +76,10 @@ class CascadeMeta:
         object.__setattr__(self, "std", tuple(float(v) for v in self.std))
         if self.num_classes == 0:
             object.__setattr__(self, "num_classes", len(self.classes))
+        points = self.operating_points
+        if not all(isinstance(p, OperatingPoint) for p in points):
+            points = parse_points([p.to_dict() if isinstance(p, OperatingPoint) else p for p in points])
+        object.__setattr__(self, "operating_points", tuple(points))
         _check_meta(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,6 +92,8 @@ class CascadeMeta:
             "num_classes": self.num_classes,
             "ensemble_decay": float(self.ensemble_decay),
             "info": self.info,
+            # written only when there are points, so a manifest without them reads as it always did
+            **({"operating_points": [p.to_dict() for p in self.operating_points]} if self.operating_points else {}),
         }
 
     @classmethod
@@ -171,6 +180,10 @@ def _check_chain(specs: Sequence[ModuleSpec], in_channels: Sequence[int], num_cl
         if n != meta.num_classes:
             raise ValueError(f"module {k} answers over {n} classes, but the meta lists {meta.num_classes}")
         expected = spec.channels
+    for point in meta.operating_points:  # each point sets every exit's threshold but the last's
+        if len(point.thresholds) != len(specs) - 1:
+            raise ValueError(f"operating point {point.name!r} has {len(point.thresholds)} thresholds; "
+                             f"the {len(specs)} modules need {len(specs) - 1}")
 
 
 def _module_entry(k: int, stage: Stage, shape: tuple[int, int, int]) -> dict[str, Any]:
@@ -235,12 +248,13 @@ def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]
 
 
 def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, fit_cfg: dict,
-             params: dict) -> tuple[list[Stage], CascadeMeta]:
-    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage) of one routing."""
+             params: dict, points: Sequence[OperatingPoint] = ()) -> tuple[list[Stage], CascadeMeta]:
+    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage, the operating
+    points fitted on the same held-out images) of one routing."""
     info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
             "params": {"calibrate": fit_cfg, "modules": params["modules"], "train": params["train"]}}
     meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind,
-                       info=info, ensemble_decay=res["ensemble_decay"])
+                       info=info, ensemble_decay=res["ensemble_decay"], operating_points=tuple(points))
     return with_thresholds(stages, res["thresholds"]), meta
 
 

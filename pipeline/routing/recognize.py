@@ -7,7 +7,7 @@ all answer through these."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +42,15 @@ def _device_of(loaded: LoadedCascade) -> torch.device:
 
 
 def recognize_arrays(
-    loaded: LoadedCascade, images_uint8: np.ndarray, batch_size: int = 256
+    loaded: LoadedCascade, images_uint8: np.ndarray, batch_size: int = 256,
+    thresholds: Sequence[float] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per image: class, confidence, 1-based exit, chosen subnet per module (``fixed`` for a fixed
-    module, ``-`` where the image left earlier), MACs spent."""
+    module, ``-`` where the image left earlier), MACs spent. ``thresholds``: an operating point's, for
+    this call (default: the stages' own)."""
     x = preprocess(images_uint8, loaded.meta).to(_device_of(loaded))
     out = run_cascade(loaded.stages, x, confidence_kind=loaded.meta.confidence_kind, batch_size=batch_size,
-                      ensemble_decay=loaded.meta.ensemble_decay)
+                      ensemble_decay=loaded.meta.ensemble_decay, thresholds=thresholds)
     keys = [[arch.key() or FIXED_PATH for arch in stage.candidates] for stage in loaded.stages]
     rows = []
     columns = (out.pred, out.conf, out.exit_index, out.choices, out.macs)

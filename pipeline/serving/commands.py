@@ -60,6 +60,11 @@ def add_commands(sub: Any, default_model: str) -> None:
                        help="how long a batch waits for more requests, in ms (default 0.5)")
     serve.add_argument("--api-servers", type=_positive(int), default=1,
                        help="HTTP front processes that decode and guard requests before the batch (default 1)")
+    serve.add_argument("--p99-ms", type=_positive(float), metavar="MS",
+                       help="a p99 latency target in ms: requests without a budget are answered at the "
+                            "operating point a controller moves along from the measured queue wait and batch "
+                            "time (cheaper points as latency nears the target, back to the accuracy-first one "
+                            "as load falls); LitServe only; docs/DESIGN.md 'Serving'")
     serve.add_argument("--static", action="store_true",
                        help="no early exit: every module on every image (to measure what the exits save)")
     serve.add_argument("--max-bytes", type=_positive(int), default=defaults.max_bytes,
@@ -95,10 +100,10 @@ def _resolve(model: str, scratch: str) -> Path | None:
     return None
 
 
-def _ready_model(directory: Path, engine: str, scratch: str) -> Path | str:
+def _ready_model(directory: Path, engine: str, scratch: str, p99_ms: float | None = None) -> Path | str:
     """The directory ``engine`` serves (for onnx, exported into ``scratch`` unless it is an export), or
-    why it cannot: the model is loaded once here, so a bad one fails with a message before any server
-    process starts."""
+    why it cannot: the model is loaded once here, so a bad one (or one without the operating points a
+    ``p99_ms`` target needs) fails with a message before any server process starts."""
     from pipeline.serving.engines import is_onnx_dir, load_engine
     from pipeline.serving.onnx_export import export_model_dir
 
@@ -107,9 +112,16 @@ def _ready_model(directory: Path, engine: str, scratch: str) -> Path | str:
     try:
         if engine == "onnx" and not is_onnx_dir(directory):
             directory = export_model_dir(directory, Path(scratch) / "onnx")
-        load_engine(directory, engine)
+        loaded = load_engine(directory, engine)
     except (ValueError, OSError) as exc:
         return f"cannot load model {directory}: {exc}"
+    if p99_ms is not None:
+        from pipeline.serving.server import latency_controller
+
+        try:
+            latency_controller(loaded.points, p99_ms)
+        except ValueError as exc:
+            return f"model {directory}: {exc}"
     return directory
 
 
@@ -119,11 +131,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.repository and args.server != "triton":
         print("error: --repository writes Triton's model repository: add --server triton", file=sys.stderr)
         return 2
+    if args.p99_ms is not None and (args.server == "triton" or args.static):
+        print("error: --p99-ms runs on LitServe with the early exits (not --server triton, not --static)",
+              file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="cascade-serve-") as scratch:
         directory = _resolve(args.model, scratch)
         if directory is None:
             return 2
-        ready = _ready_model(directory, args.engine, scratch)
+        ready = _ready_model(directory, args.engine, scratch, args.p99_ms)
         if isinstance(ready, str):
             print(f"error: {ready}", file=sys.stderr)
             return 2
@@ -132,7 +148,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         try:
             config = ServeConfig(str(ready), args.engine, args.host, args.port, args.max_batch_size,
                                  args.batch_timeout_ms / 1e3, api_servers=args.api_servers, exits=not args.static,
-                                 limits=limits)
+                                 limits=limits, p99_ms=args.p99_ms)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

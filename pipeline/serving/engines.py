@@ -11,11 +11,14 @@ exported directory is given (``cascade export --format onnx``).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
+from pipeline.routing.operating_points import ACCURATE, OperatingPoint
 
 ENGINES = ("torch", "onnx")
 
@@ -24,8 +27,16 @@ class Engine(Protocol):
     image_shape: tuple[int, int, int]
     classes: tuple[str, ...]
     name: str
+    points: tuple[OperatingPoint, ...]  # the model's operating points, accuracy-first first
 
-    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True) -> list[dict[str, Any]]: ...
+    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True,
+                  thresholds: Sequence[float] | None = None) -> list[dict[str, Any]]: ...
+
+
+def served_points(recorded: Sequence[OperatingPoint], thresholds: Sequence[float]) -> tuple[OperatingPoint, ...]:
+    """The points a server answers at: the model's recorded curve, or for a model calibrated before points
+    were recorded, its own thresholds alone as ``accurate`` (no held-out cost known)."""
+    return tuple(recorded) or (OperatingPoint(ACCURATE, tuple(float(t) for t in thresholds)),)
 
 
 @dataclass
@@ -44,10 +55,17 @@ class TorchEngine:
     def classes(self) -> tuple[str, ...]:
         return tuple(self.loaded.meta.classes)
 
-    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True) -> list[dict[str, Any]]:
+    @property
+    def points(self) -> tuple[OperatingPoint, ...]:
+        return served_points(self.loaded.meta.operating_points, [s.threshold for s in self.loaded.stages[:-1]])
+
+    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True,
+                  thresholds: Sequence[float] | None = None) -> list[dict[str, Any]]:
         from pipeline.routing.recognize import recognize_arrays
 
-        return recognize_arrays(self.loaded if exits else self.static, images_uint8)
+        if not exits:
+            return recognize_arrays(self.static, images_uint8)
+        return recognize_arrays(self.loaded, images_uint8, thresholds=thresholds)
 
 
 @dataclass
@@ -65,8 +83,13 @@ class OnnxEngine:
     def classes(self) -> tuple[str, ...]:
         return tuple(self.cascade.classes)
 
-    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True) -> list[dict[str, Any]]:
-        return self.cascade.recognize(images_uint8, exits=exits)
+    @property
+    def points(self) -> tuple[OperatingPoint, ...]:
+        return served_points(self.cascade.points, [float(s.threshold) for s in self.cascade.stages[:-1]])
+
+    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True,
+                  thresholds: Sequence[float] | None = None) -> list[dict[str, Any]]:
+        return self.cascade.recognize(images_uint8, exits=exits, thresholds=thresholds)
 
 
 def is_onnx_dir(path: str | os.PathLike[str]) -> bool:

@@ -8,18 +8,23 @@ when its body does not arrive within ``read_timeout`` (408), when its JSON is no
 deep or does not parse (400), or when it is over the image count or pixel budget of a request (413).
 A raw image body (``image/png``, ``image/jpeg``, ``application/octet-stream``) is handed on as
 ``{"image": "<base64>"}`` (:func:`pipeline.serving.requests.wrap_raw`), so the engine's decoder
-reads one form. Everything else passes untouched.
+reads one form; a prediction's JSON gets the guard's stamp (its arrival time on the shared monotonic
+clock and the ``X-Cascade-Budget`` header: :func:`pipeline.serving.requests.stamped`), from which the
+worker measures the queue wait and reads the budget. With ``record``, refusals by reason and every
+answer's server-side latency go to the cascade's metrics (:mod:`pipeline.serving.metrics`).
+Everything else passes untouched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, ServeLimits, check_headers, media_type
-from pipeline.serving.requests import BadRequest, parse_json, precheck, wrap_raw
+from pipeline.serving.requests import BUDGET_HEADER, BadRequest, parse_json, precheck, stamped, wrap_raw
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -63,10 +68,23 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
 class GuardMiddleware:
     """ASGI middleware enforcing :class:`ServeLimits` in front of the engine's endpoints."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]], limits: ServeLimits | None = None) -> None:
+    def __init__(self, app: Callable[..., Awaitable[None]], limits: ServeLimits | None = None,
+                 record: bool = False) -> None:
         self.app = app
         self.limits = limits or ServeLimits()
         self.in_flight = 0
+        self.metrics = None
+        if record:  # built in the HTTP process, after serve() set the metrics folder
+            from pipeline.serving.metrics import ServingMetrics
+
+            self.metrics = ServingMetrics()
+
+    async def _refuse(self, send: Send, status: int, message: str, *, close: bool = False) -> None:
+        if self.metrics is not None:
+            from pipeline.serving.metrics import reason_of
+
+            self.metrics.refused(reason_of(status))
+        await _answer(send, status, message, close=close)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -76,13 +94,13 @@ class GuardMiddleware:
         refused = check_headers(scope["method"], scope["path"], headers.get("content-length"),
                                 headers.get("content-type"), self.limits)
         if refused:
-            await _answer(send, *refused, close=True)  # the body was not read: the connection cannot stay
+            await self._refuse(send, *refused, close=True)  # the body was not read: the connection cannot stay
             return
         if scope["method"] != "POST" or scope["path"] != "/invocations":
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.limits.max_queue:
-            await _answer(send, 503, f"the server holds {self.in_flight} requests, its limit: retry shortly",
+            await self._refuse(send, 503, f"the server holds {self.in_flight} requests, its limit: retry shortly",
                           close=True)
             return
         self.in_flight += 1
@@ -92,22 +110,22 @@ class GuardMiddleware:
             self.in_flight -= 1
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
-        length = int(headers["content-length"])
+        length, arrived, budget = int(headers["content-length"]), time.monotonic(), headers.get(BUDGET_HEADER)
         try:
             body = await asyncio.wait_for(_read_body(receive, length), self.limits.read_timeout)
             kind = media_type(headers.get("content-type"))
             if kind in RAW_TYPES:
-                body = wrap_raw(body)
-            elif kind == JSON_TYPE:
-                parse_check(body, self.limits)
+                body = stamped(wrap_raw(body), arrived, budget)
+            elif kind == JSON_TYPE and isinstance(parse_check(body, self.limits), dict):
+                body = stamped(body, arrived, budget)
         except TimeoutError:
-            await _answer(send, 408, f"the request body did not arrive within {self.limits.read_timeout:g} s",
+            await self._refuse(send, 408, f"the request body did not arrive within {self.limits.read_timeout:g} s",
                           close=True)
             return
         except ConnectionError:
             return
         except BadRequest as exc:
-            await _answer(send, exc.status, str(exc))
+            await self._refuse(send, exc.status, str(exc))
             return
         scope = {**scope, "headers": _json_headers(scope["headers"], len(body))}
         sent = False
@@ -119,13 +137,31 @@ class GuardMiddleware:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, send)
+        await self.app(scope, replay, self._timed(send, arrived))
+
+    def _timed(self, send: Send, arrived: float) -> Send:
+        """``send``, recording the answer's status and server-side latency (and LitServe's 504 as a refusal)."""
+        if self.metrics is None:
+            return send
+        metrics = self.metrics
+
+        async def timed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                metrics.responded(message["status"], time.monotonic() - arrived)
+                if message["status"] == 504:
+                    metrics.refused("timeout")
+            await send(message)
+
+        return timed
 
 
-def parse_check(body: bytes, limits: ServeLimits) -> None:
+def parse_check(body: bytes, limits: ServeLimits) -> Any:
     """Refuse a JSON body that is not UTF-8, nests too deep or does not parse (the engine's framework
-    would answer 500), or that is over the request budgets (:func:`pipeline.serving.requests.precheck`)."""
-    precheck(parse_json(body, limits), limits)
+    would answer 500), or that is over the request budgets (:func:`pipeline.serving.requests.precheck`);
+    the parsed payload otherwise."""
+    payload = parse_json(body, limits)
+    precheck(payload, limits)
+    return payload
 
 
 def _json_headers(raw: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.io import file_sha256
+from pipeline.routing.operating_points import parse_points
 from pipeline.serving.onnx_format import FORMAT, MANIFEST
 
 NOT_REACHED = "-"
@@ -89,6 +91,7 @@ class OnnxCascade:
             self.mean = np.asarray(meta["mean"], dtype=np.float32).reshape(1, -1, 1, 1)
             self.std = np.asarray(meta["std"], dtype=np.float32).reshape(1, -1, 1, 1)
             self.stages = [self._stage(directory, s, threads) for s in manifest["stages"]]
+            self.points = parse_points(meta.get("operating_points", []), len(self.stages))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{directory / MANIFEST} is invalid: {type(exc).__name__}: {exc}") from None
 
@@ -133,9 +136,12 @@ class OnnxCascade:
             features[rows], logits[rows] = f, z
         return features, logits, choice
 
-    def run(self, images_uint8: np.ndarray, *, exits: bool = True) -> dict[str, np.ndarray]:
+    def run(self, images_uint8: np.ndarray, *, exits: bool = True,
+            thresholds: Sequence[float] | None = None) -> dict[str, np.ndarray]:
         """(N, C, H, W) uint8 -> pred, conf, exit_index (0-based), choices (N, K; -1 not reached), macs.
-        ``exits=False`` runs every module on every image (the static path) and answers at the last."""
+        ``exits=False`` runs every module on every image (the static path) and answers at the last;
+        ``thresholds`` (K-1) replace the exported ones for this call (an operating point's)."""
+        cut = self._thresholds(thresholds)
         h = self.preprocess(images_uint8)
         b, k_total = h.shape[0], len(self.stages)
         pred = np.full(b, -1, dtype=np.int64)
@@ -160,7 +166,7 @@ class OnnxCascade:
             if last:
                 leave = np.ones(c.shape, dtype=bool)
             else:
-                leave = c >= stage.threshold if exits else np.zeros(c.shape, dtype=bool)
+                leave = c >= cut[k] if exits else np.zeros(c.shape, dtype=bool)
             rows = active[leave]
             pred[rows] = scores[leave].argmax(axis=1)
             conf[rows] = c[leave]
@@ -172,9 +178,20 @@ class OnnxCascade:
                 running = running[stay]
         return {"pred": pred, "conf": conf, "exit_index": exit_index, "choices": choices, "macs": macs}
 
-    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True) -> list[dict[str, Any]]:
+    def _thresholds(self, thresholds: Sequence[float] | None) -> list[np.float32]:
+        """The exits' thresholds in float32 (as the exported ones compare), the call's or the model's."""
+        if thresholds is None:
+            return [stage.threshold for stage in self.stages]
+        values = [float(t) for t in thresholds]
+        if len(values) != len(self.stages) - 1 or any(np.isnan(values)):
+            raise ValueError(f"{len(self.stages)} stages need {len(self.stages) - 1} thresholds (not NaN), "
+                             f"got {list(thresholds)}")
+        return [np.float32(t) for t in values] + [np.float32(np.inf)]
+
+    def recognize(self, images_uint8: np.ndarray, *, exits: bool = True,
+                  thresholds: Sequence[float] | None = None) -> list[dict[str, Any]]:
         """One row per image, as :func:`pipeline.routing.recognize.recognize_arrays` writes it."""
-        out = self.run(images_uint8, exits=exits)
+        out = self.run(images_uint8, exits=exits, thresholds=thresholds)
         keys = [stage.keys for stage in self.stages]
         return [
             {"class_index": int(p), "class_name": self.classes[p], "confidence": float(c), "exit": int(e) + 1,

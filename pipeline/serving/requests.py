@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,10 @@ from pipeline.serving.limits import JSON_TYPE, ServeLimits, json_depth_exceeds, 
 
 RAW_KEY = "image"  # what the guard wraps a raw image body into: {"image": "<base64>"}
 MAX_LISTED = 10
+BUDGET_KEY = "budget"  # a request's cost ceiling: MACs per image, or an operating point's name
+BUDGET_HEADER = "x-cascade-budget"  # the same as a header (the JSON field wins where both are given)
+STAMP_KEY = "_cascade"  # what the guard adds to a request: {"arrived": monotonic seconds, "budget": header}
+MAX_NAME = 64
 
 
 class BadRequest(ValueError):
@@ -209,3 +214,49 @@ def decode_body(body: bytes, content_type: str | None, shape: Sequence[int], lim
         return decode_image_bytes(body, c, (h, w), max_pixels=limits.max_pixels, name="the image")[None]
     except (DataError, ValueError, OSError) as exc:
         raise BadRequest(str(exc)) from None
+
+
+def parse_budget(value: Any) -> str | float | None:
+    """A request's budget: None (none asked), a ceiling in MACs per image (a number > 0, or a string that
+    reads as one) or an operating point's name; a BadRequest naming what is wrong with it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text)
+        except ValueError:
+            if not text or len(text) > MAX_NAME or not text.isprintable():
+                raise BadRequest(f"budget {value[:MAX_NAME]!r}: give MACs per image (a number) or an operating "
+                                 f"point's name") from None
+            return text
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise BadRequest(f"budget {value!r}: MACs per image must be a finite number > 0")
+    return float(value)
+
+
+def request_budget(payload: Any) -> str | float | None:
+    """The budget a parsed request asks for: its JSON field, else the header the guard stamped into it."""
+    if not isinstance(payload, dict):
+        return None
+    stamp = payload.get(STAMP_KEY) if isinstance(payload.get(STAMP_KEY), dict) else {}
+    return parse_budget(payload[BUDGET_KEY] if BUDGET_KEY in payload else stamp.get("budget"))
+
+
+def arrival(payload: Any) -> float | None:
+    """When the guard received the request (``time.monotonic()``, one clock for every process), or None."""
+    stamp = payload.get(STAMP_KEY) if isinstance(payload, dict) else None
+    value = stamp.get("arrived") if isinstance(stamp, dict) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def stamped(body: bytes, arrived: float, budget: str | None) -> bytes:
+    """A JSON object body with the guard's stamp added as its last key (so it wins over a client's key of
+    the same name); any other body unchanged. The body was parsed already: no second parse here."""
+    text = body.rstrip()
+    if not text.endswith(b"}"):
+        return body
+    inner = text[:-1].rstrip()
+    stamp = json.dumps({"arrived": arrived, **({"budget": budget} if budget is not None else {})})
+    sep = b"" if inner.lstrip().endswith(b"{") else b","
+    return inner + sep + f'"{STAMP_KEY}":{stamp}}}'.encode()

@@ -7,21 +7,34 @@ shrinks at each exit, so easy images cost less at the endpoint too. A bad reques
 and BentoML by measurement (docs/DESIGN.md, "Serving").
 
 Endpoints: ``POST /invocations`` (see :mod:`pipeline.serving.requests` for the request forms; the answer
-is ``{"predictions": [{class_index, class_name, confidence, exit, subnets, macs}, ...]}``, one row per
-image, as the registered MLflow model answers), ``GET /health`` and ``GET /info`` (LitServe's).
+is ``{"predictions": [{class_index, class_name, confidence, exit, subnets, macs}, ...], "operating_point":
+{name, accuracy, mean_macs}}``, one row per image, as the registered MLflow model answers, and the point
+that served it), ``GET /metrics`` (Prometheus: :mod:`pipeline.serving.metrics`), ``GET /health`` and
+``GET /info`` (LitServe's).
+
+Operating points (docs/DESIGN.md 'Serving'): a request may carry a budget (JSON ``"budget"`` or header
+``X-Cascade-Budget``: MACs per image, or a point's name) and is answered at the most accurate of the model's
+points within it (refused, 400, where none is); a request without one is answered at the point in use:
+the accuracy-first one, or with ``p99_ms`` the one the latency controller chose from the measured queue
+wait and batch time (:mod:`pipeline.serving.controller`). A batch with several points runs once per point.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import litserve as ls
 import numpy as np
 
+from pipeline.routing.operating_points import OperatingPoint, choose_point
+from pipeline.serving.controller import ControlConfig, LatencyController
 from pipeline.serving.limits import PREDICT_PATH, ServeLimits
-from pipeline.serving.requests import BadRequest, decode_payload
+from pipeline.serving.requests import BadRequest, arrival, decode_payload, request_budget
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BATCH = 64
@@ -42,6 +55,7 @@ class ServeConfig:
     api_servers: int = 1  # LitServe's HTTP front processes (decoding and the guard run there)
     exits: bool = True  # False: the static path (every module on every image), for comparison
     limits: ServeLimits = ServeLimits()
+    p99_ms: float | None = None  # a latency target: the controller moves along the operating points
 
     def __post_init__(self) -> None:
         from pipeline.serving.engines import ENGINES
@@ -54,6 +68,8 @@ class ServeConfig:
             raise ValueError("max_batch_size, threads and api_servers must be >= 1")
         if not 0 < self.batch_timeout <= 1:
             raise ValueError(f"batch_timeout must be in (0, 1] seconds, got {self.batch_timeout}")
+        if self.p99_ms is not None and not (self.p99_ms > 0 and self.exits):
+            raise ValueError(f"p99_ms must be > 0 and needs the early exits (not --static), got {self.p99_ms}")
 
 
 class Refused:
@@ -61,6 +77,43 @@ class Refused:
 
     def __init__(self, status: int, message: str) -> None:
         self.status, self.message = status, message
+
+
+@dataclass(frozen=True)
+class Job:
+    """A decoded request: its images, the point its budget asked for (None: the point in use) and when
+    the guard received it (None: not stamped)."""
+
+    images: np.ndarray
+    point: OperatingPoint | None = None
+    arrived: float | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request's rows and the point that served them (None: the static path, no early exit)."""
+
+    rows: list[dict[str, Any]]
+    point: OperatingPoint | None
+
+
+def answer_batch(engine: Any, inputs: list[Job | Refused], current: OperatingPoint, exits: bool = True
+                 ) -> list[Answer | Refused]:
+    """Each request's answer: the jobs grouped by the point that serves them (their own, else ``current``),
+    one engine call per group; refusals passed through in place."""
+    groups: dict[OperatingPoint, list[tuple[int, Job]]] = {}
+    for i, job in enumerate(inputs):
+        if isinstance(job, Job):
+            groups.setdefault(job.point or current, []).append((i, job))
+    out: list[Any] = list(inputs)  # each Job is replaced by its Answer below
+    for point, members in groups.items():
+        images = np.concatenate([job.images for _, job in members])
+        rows = engine.recognize(images, exits=exits, thresholds=point.thresholds if exits else None)
+        start = 0
+        for i, job in members:
+            out[i] = Answer(rows[start:start + len(job.images)], point if exits else None)
+            start += len(job.images)
+    return out
 
 
 class CascadeAPI(ls.LitAPI):
@@ -73,34 +126,75 @@ class CascadeAPI(ls.LitAPI):
 
     def setup(self, device: Any) -> None:
         from pipeline.serving.engines import load_engine
+        from pipeline.serving.metrics import ServingMetrics
 
         self.engine = load_engine(self.config.model_dir, self.config.engine, threads=self.config.threads)
+        self.metrics = ServingMetrics()  # the metrics folder serve() set (multiprocess mode)
+        self.current = self.engine.points[0]  # the accuracy-first point
+        self.metrics.in_use(self.current.name, self.current.mean_macs, [p.name for p in self.engine.points],
+                            changed=False)
+        self.control = None
+        if self.config.p99_ms is not None:
+            self.control = latency_controller(self.engine.points, self.config.p99_ms)
 
-    def decode_request(self, request) -> np.ndarray | Refused:  # unannotated: LitServe passes the JSON
+    def _follow(self, index: int | None) -> None:
+        """Use the point the controller moved to (None: it stayed)."""
+        if index is not None:
+            self.current = self.engine.points[index]
+            self.metrics.in_use(self.current.name, self.current.mean_macs, [p.name for p in self.engine.points],
+                                changed=True)
+
+    def _point(self, payload: Any) -> OperatingPoint | None:
+        """The point a request's budget asks for, or None; a BadRequest where no point meets it."""
+        budget = request_budget(payload)
+        if budget is None:
+            return None
+        if not self.config.exits:
+            raise BadRequest("this server runs the static path (--static): it has no operating points")
         try:
-            return decode_payload(request, self.engine.image_shape, self.config.limits)
+            return choose_point(self.engine.points, budget)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+
+    def decode_request(self, request) -> Job | Refused:  # unannotated: LitServe passes the JSON
+        from pipeline.serving.metrics import BUDGET, reason_of
+
+        try:
+            point = self._point(request)
         except BadRequest as exc:
+            self.metrics.refused(BUDGET)
+            return Refused(exc.status, str(exc))
+        try:
+            return Job(decode_payload(request, self.engine.image_shape, self.config.limits), point, arrival(request))
+        except BadRequest as exc:
+            self.metrics.refused(reason_of(exc.status))
             return Refused(exc.status, str(exc))
 
-    def batch(self, inputs: list[np.ndarray | Refused]) -> list[np.ndarray | Refused]:
-        return list(inputs)  # concatenated in predict, where the good ones are known
+    def batch(self, inputs: list[Job | Refused]) -> list[Job | Refused]:
+        return list(inputs)  # run in predict, grouped by operating point
 
-    def predict(self, inputs: list[np.ndarray | Refused]) -> list[list[dict[str, Any]] | Refused]:
-        good = [x for x in inputs if not isinstance(x, Refused)]
-        rows = self.engine.recognize(np.concatenate(good), exits=self.config.exits) if good else []
-        out, start = [], 0
-        for x in inputs:
-            if isinstance(x, Refused):
-                out.append(x)
-            else:
-                out.append(rows[start:start + len(x)])
-                start += len(x)
+    def predict(self, inputs: list[Job | Refused]) -> list[Answer | Refused]:
+        start = time.monotonic()
+        if self.control is not None:
+            self._follow(self.control.before(start))
+        out = answer_batch(self.engine, inputs, self.current, self.config.exits)
+        end = time.monotonic()
+        jobs = [x for x in inputs if isinstance(x, Job)]
+        arrivals = [j.arrived for j in jobs if j.arrived is not None]
+        images = sum(len(j.images) for j in jobs)
+        self.metrics.batch(len(jobs), images, end - start, [start - a for a in arrivals])
+        if self.control is not None:
+            self._follow(self.control.observe(end, end - start, arrivals, images))
         return out
 
     def unbatch(self, outputs: list[Any]) -> list[Any]:
         return outputs
 
-    def encode_response(self, output: list[dict[str, Any]] | Refused) -> Any:
+    def encode_response(self, output: Answer | Refused) -> Any:
+        if isinstance(output, Answer):
+            point = output.point
+            self.metrics.answered([r["exit"] for r in output.rows], point.name if point else "static")
+            return {"predictions": output.rows, "operating_point": point and point.to_dict()}
         if isinstance(output, Refused):
             from starlette.responses import Response
 
@@ -108,7 +202,15 @@ class CascadeAPI(ls.LitAPI):
 
             return Response(error_body(output.status, output.message), status_code=output.status,
                             media_type="application/json")
-        return {"predictions": output}
+        raise TypeError(f"no answer for {type(output).__name__}")
+
+
+def latency_controller(points: Sequence[OperatingPoint], p99_ms: float) -> LatencyController:
+    """The controller of ``--p99-ms`` over ``points``, or a ValueError saying why the model cannot have one."""
+    if len(points) < 2 or any(p.mean_macs is None for p in points):
+        raise ValueError("--p99-ms needs a model carrying two or more operating points with held-out costs "
+                         "(recorded by calibrate; `cascade info` lists them)")
+    return LatencyController([float(p.mean_macs) for p in points], ControlConfig(target_s=p99_ms / 1e3))
 
 
 def build_server(config: ServeConfig) -> Any:
@@ -116,17 +218,37 @@ def build_server(config: ServeConfig) -> Any:
     from pipeline.serving.guard import GuardMiddleware
 
     api = CascadeAPI(config)
-    return ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=config.limits.timeout,
-                        middlewares=[(GuardMiddleware, {"limits": config.limits})],
-                        model_metadata={"engine": config.engine, "model": os.fspath(config.model_dir),
-                                        "exits": config.exits})
+    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=config.limits.timeout,
+                          middlewares=[(GuardMiddleware, {"limits": config.limits, "record": True})],
+                          model_metadata={"engine": config.engine, "model": os.fspath(config.model_dir),
+                                          "exits": config.exits})
+    server.app.add_api_route("/metrics", _metrics_endpoint, methods=["GET"], include_in_schema=False)
+    return server
+
+
+def _metrics_endpoint() -> Any:
+    from starlette.responses import Response
+
+    from pipeline.serving.metrics import exposition
+
+    body, content_type = exposition()
+    return Response(body, media_type=content_type)
 
 
 def serve(config: ServeConfig) -> None:
     """Start serving ``config`` and block until interrupted."""
+    from pipeline.serving.metrics import ENV, enable_multiprocess
+
+    owned = os.environ.get(ENV) is None
+    folder = enable_multiprocess()  # before any process imports prometheus_client: one folder for all of them
     server = build_server(config)
     print(f"cascade serve: http://{config.host}:{config.port}{PREDICT_PATH} ({config.engine} engine, "
           f"batches of up to {config.max_batch_size} requests, wait {config.batch_timeout * 1e3:g} ms; "
-          f"{'early exits' if config.exits else 'static path: no early exit'})", flush=True)
-    server.run(host=config.host, port=config.port, num_api_servers=config.api_servers, generate_client_file=False,
-               log_level="warning")
+          f"{'early exits' if config.exits else 'static path: no early exit'}"
+          f"{f'; p99 target {config.p99_ms:g} ms' if config.p99_ms else ''}; metrics on /metrics)", flush=True)
+    try:
+        server.run(host=config.host, port=config.port, num_api_servers=config.api_servers,
+                   generate_client_file=False, log_level="warning")
+    finally:
+        if owned:
+            shutil.rmtree(folder, ignore_errors=True)

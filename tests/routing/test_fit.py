@@ -167,3 +167,14 @@ def test_fit_best_ensemble_prefers_the_smaller_decay_on_a_tie() -> None:
     assert best["ensemble_decay"] == 0.0 and best["thresholds"] == []
     assert best["accuracy"] == 0.75 and set(best["ensemble_tried"]) == {"0.5", "0", "1"}
 
+
+
+def test_held_out_points_start_at_the_fitted_cascade_under_its_decay() -> None:
+    from pipeline.routing.fit import held_out_points
+
+    logits, cum, y = ensemble_helps()
+    fitted = fit_best_ensemble(logits, cum, y, delta_cfg(reference="best", ensemble_decays=[0.0, 1.0]), "maxprob")
+    points = held_out_points(logits, cum, y, fitted, delta_cfg(), "maxprob")
+    assert list(points[0].thresholds) == fitted["thresholds"]
+    assert (points[0].accuracy, points[0].mean_macs) == (fitted["accuracy"], fitted["mean_macs"])
+    assert points[-1].name == "exit1" and points[-1].mean_macs == COST[0]

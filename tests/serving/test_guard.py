@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from pipeline.serving.guard import GuardMiddleware
 from pipeline.serving.limits import ServeLimits
+from pipeline.serving.requests import BUDGET_HEADER, STAMP_KEY
 
 
 class Recorder:
@@ -27,13 +29,15 @@ class Recorder:
 
 
 def call(app: Any, body: bytes, content_type: str | None, *, length: int | None = None,
-         path: str = "/invocations", chunks: list[bytes | None] | None = None) -> tuple[int, dict]:
-    return asyncio.run(_call(app, body, content_type, length=length, path=path, chunks=chunks))
+         path: str = "/invocations", chunks: list[bytes | None] | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    return asyncio.run(_call(app, body, content_type, length=length, path=path, chunks=chunks, extra=headers))
 
 
 async def _call(app: Any, body: bytes, content_type: str | None, *, length: int | None, path: str,
-                chunks: list[bytes | None] | None) -> tuple[int, dict]:
+                chunks: list[bytes | None] | None, extra: dict[str, str] | None = None) -> tuple[int, dict]:
     headers = [] if content_type is None else [(b"content-type", content_type.encode())]
+    headers += [(k.encode(), v.encode()) for k, v in (extra or {}).items()]
     size = len(body) if length is None else length
     if size >= 0:
         headers.append((b"content-length", str(size).encode()))
@@ -74,15 +78,29 @@ def test_refusals_from_headers_never_reach_the_app() -> None:
     assert inner.seen == []
 
 
-def test_a_raw_image_reaches_the_app_as_json_and_json_passes_as_is() -> None:
+def test_a_raw_image_reaches_the_app_as_json_and_json_passes_with_the_stamp() -> None:
     inner = Recorder()
     app = GuardMiddleware(inner)
     assert call(app, b"\x89PNGdata", "image/png")[0] == 200
     assert call(app, b'{"image": "aGk="}', "application/json", chunks=[b'{"image": ', b'"aGk="}'])[0] == 200
     (headers, body), (_, body2) = inner.seen
-    assert headers["content-type"] == "application/json" and json.loads(body) == {"image": "iVBOR2RhdGE="}
+    raw, sent = json.loads(body), json.loads(body2)
+    assert headers["content-type"] == "application/json" and raw["image"] == "iVBOR2RhdGE="
     assert headers["content-length"] == str(len(body))
-    assert json.loads(body2) == {"image": "aGk="}
+    assert sent["image"] == "aGk=" and set(raw) == set(sent) == {"image", STAMP_KEY}
+    assert raw[STAMP_KEY]["arrived"] <= sent[STAMP_KEY]["arrived"] <= time.monotonic()
+
+
+def test_the_stamp_carries_the_budget_header_and_wins_over_a_clients_key() -> None:
+    inner = Recorder()
+    app = GuardMiddleware(inner)
+    body = b'{"images": [], "_cascade": {"arrived": 0, "budget": "x"}}'
+    assert call(app, body, "application/json", headers={BUDGET_HEADER: "p2"})[0] == 200
+    assert call(app, b"{}", "application/json")[0] == 200
+    assert call(app, b"[1]", "application/json")[0] == 200
+    (_, first), (_, empty), (_, listed) = inner.seen
+    assert json.loads(first)[STAMP_KEY]["budget"] == "p2" and json.loads(first)[STAMP_KEY]["arrived"] > 0
+    assert set(json.loads(empty)) == {STAMP_KEY} and listed == b"[1]"
 
 
 def test_the_queue_is_bounded_and_a_slow_body_times_out() -> None:

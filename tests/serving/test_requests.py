@@ -123,3 +123,18 @@ def test_json_depth_scan_ignores_brackets_in_strings() -> None:
     assert not json_depth_exceeds('{"a": "[[[[[[[[[["}', 3)
     assert json_depth_exceeds("[[[[]]]]", 3)
     assert not json_depth_exceeds(b"[[[]]]", 3)
+
+
+def test_a_budget_is_macs_or_a_name_and_a_bad_one_is_named() -> None:
+    from pipeline.serving.requests import parse_budget, request_budget, stamped
+
+    assert parse_budget(None) is None and parse_budget(2e5) == 2e5 and parse_budget(" 150000 ") == 150000.0
+    assert parse_budget("p2") == "p2" and parse_budget(7) == 7.0
+    for bad in (0, -5, float("inf"), True, "", "x" * 65, [1], "a\nb"):
+        with pytest.raises(BadRequest, match="budget"):
+            parse_budget(bad)
+    payload = json.loads(stamped(b'{"image": "aGk="}', 12.5, "3e5"))
+    assert payload["_cascade"] == {"arrived": 12.5, "budget": "3e5"} and request_budget(payload) == 3e5
+    assert request_budget({**payload, "budget": "exit1"}) == "exit1"  # the JSON field wins over the header
+    assert request_budget({"image": "aGk="}) is None and json.loads(stamped(b"{ }", 1.0, None)) == {
+        "_cascade": {"arrived": 1.0}}

@@ -42,9 +42,13 @@ def post(port: int, body: bytes, kind: str) -> tuple[int, dict]:
 
 @pytest.fixture(scope="module")
 def server(tiny_model: Path) -> Iterator[int]:
+    yield from running_server(tiny_model, "--engine", "onnx", "--max-images", "64")
+
+
+def running_server(model: Path, *args: str) -> Iterator[int]:
+    """``cascade serve`` on ``model`` in its own process group, up and answering /health: yields its port."""
     port = free_port()
-    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(tiny_model), "--engine", "onnx",
-           "--port", str(port), "--max-images", "64"]
+    cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model), "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120

@@ -1,0 +1,172 @@
+"""The latency controller of ``cascade serve --p99-ms``: which operating point requests without a budget
+are answered at, from what the server measures (pure logic; the server feeds it, docs/DESIGN.md 'Serving').
+
+Signals, over a sliding window of ``window_s`` seconds: the p99 of the requests' server-side latency up
+to their answer (queue wait + batch time), the engine's busy share (batch time / wall time) and the load
+(images answered per second). Points are ordered from the accuracy-first one (index 0) to the cheapest,
+each with its held-out mean MACs, and the engine's time per image is taken to scale with those MACs (so
+the busy share or latency at another point is predicted as ``value * macs_j / macs_i``).
+
+- Down (cheaper) when the window's p99 passes ``high * target``: to the most accurate cheaper point whose
+  predicted busy share is at most ``settle``, one step at least (a queue grows fast; one step at a time
+  could take seconds to catch it). The point left is remembered with the images per busy second it
+  answered (its capacity at the batch sizes the overload made).
+- Up (more accurate) to the most accurate point that is either predicted to hold (p99 below
+  ``low * target`` and busy share at most ``up_busy``) or was seen holding (p99 within ``high * target``)
+  at this load or more, with no point overloaded at this load between it and the point in use: a point
+  left for overload is re-entered only once the load is below ``1 - margin`` of its remembered
+  capacity. Both memories are forgotten after ``memory_s``.
+- An idle server (no batch for ``window_s``) returns to the accuracy-first point.
+
+Hysteresis, so a constant load does not flap: ``low`` well below ``high``, ``up_busy`` below ``settle``,
+the remembered overload (at a constant load a point left for overload is not tried again within
+``memory_s``), and every move waits ``dwell_s`` after the last and starts a fresh window (requests that
+arrived before it are not counted), so a decision reads only the point it judges. The defaults were set
+on the simulated server of tests/serving/test_controller.py, not on a measured one: docs/DESIGN.md
+'Serving' says what is still to be measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """The latency target (seconds, for the p99) and the controller's thresholds (see the module)."""
+
+    target_s: float
+    high: float = 0.8
+    low: float = 0.35
+    settle: float = 0.7
+    up_busy: float = 0.65
+    margin: float = 0.3
+    memory_s: float = 60.0
+    window_s: float = 1.0
+    dwell_s: float = 0.5
+    min_samples: int = 20
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.target_s) and self.target_s > 0):
+            raise ValueError(f"the p99 target must be a number of seconds > 0, got {self.target_s!r}")
+        if not 0 < self.low < self.high <= 1 or not 0 < self.up_busy < self.settle <= 1 or not 0 <= self.margin < 1:
+            raise ValueError("need 0 < low < high <= 1 and 0 < up_busy < settle <= 1 (the hysteresis), "
+                             "0 <= margin < 1")
+        if self.window_s <= 0 or self.dwell_s < 0 or self.memory_s < 0 or self.min_samples < 1:
+            raise ValueError("window_s must be > 0, dwell_s and memory_s >= 0 and min_samples >= 1")
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the controller read over its window at the point in use."""
+
+    latency: float  # p99 of the requests' latency, seconds
+    busy: float  # the engine's busy share, 0..1
+    rate: float  # images answered per second
+    capacity: float  # images answered per second of engine time
+
+
+def p99(values: Sequence[float]) -> float:
+    """The 99th percentile (nearest rank) of ``values`` (0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
+
+def decide(index: int, seen: Window, costs: Sequence[float], cfg: ControlConfig,
+           overloaded: Mapping[int, float] | None = None, held: Mapping[int, float] | None = None) -> int:
+    """The point to use next after ``seen`` at point ``index``. ``overloaded``: the capacity (images per
+    busy second) a point had when it was last left for overload; ``held``: the highest load (images/s) a
+    point was seen holding the target at (points not listed: never, or forgotten)."""
+    overloaded, held = overloaded or {}, held or {}
+    if seen.latency > cfg.high * cfg.target_s and index < len(costs) - 1:
+        for j in range(index + 1, len(costs)):
+            if seen.busy * costs[j] / costs[index] <= cfg.settle:
+                return j
+        return len(costs) - 1
+    best = index
+    for j in range(index - 1, -1, -1):
+        ratio = costs[j] / costs[index]
+        predicted = seen.latency * ratio < cfg.low * cfg.target_s and seen.busy * ratio <= cfg.up_busy
+        if seen.rate >= (1 - cfg.margin) * overloaded.get(j, math.inf):
+            break  # overloaded at this load: neither it nor a costlier point
+        if predicted or seen.rate <= held.get(j, 0.0):
+            best = j
+    return best
+
+
+class LatencyController:
+    """Feeds :func:`decide` from the server's measurements; ``index`` is the point in use."""
+
+    def __init__(self, costs: Sequence[float], config: ControlConfig) -> None:
+        if len(costs) < 2 or any(not (c > 0) for c in costs) or list(costs) != sorted(costs, reverse=True):
+            raise ValueError(f"the controller needs 2 or more points with costs > 0, most costly first; got {costs}")
+        self.costs, self.config = [float(c) for c in costs], config
+        self.index, self.last_move = 0, -math.inf
+        self.latencies: deque[tuple[float, float]] = deque()  # (time, request latency)
+        self.batches: deque[tuple[float, float, int]] = deque()  # (time, batch seconds, images)
+        self.since = -math.inf  # the last move: requests that arrived earlier are not counted
+        self.started: float | None = None  # the first batch's start: the window's span begins there
+        self.last_seen = -math.inf  # the last batch's end
+        self.overloaded: dict[int, tuple[float, float]] = {}  # point -> (its capacity when left, when)
+        self.held: dict[int, tuple[float, float]] = {}  # point -> (highest load it held the target at, when)
+
+    def _expire(self, now: float) -> None:
+        start = now - self.config.window_s
+        for queue in (self.latencies, self.batches):
+            while queue and queue[0][0] < start:
+                queue.popleft()
+        for memory in (self.overloaded, self.held):
+            for j in [j for j, (_, t) in memory.items() if now - t > self.config.memory_s]:
+                del memory[j]
+
+    def _move(self, now: float, index: int, seen: Window | None = None) -> int | None:
+        if index == self.index:
+            return None
+        if seen is not None and index > self.index:
+            self.overloaded[self.index] = (seen.capacity, now)
+        self.index, self.last_move, self.since = index, now, now
+        self.latencies.clear()
+        self.batches.clear()
+        return index
+
+    def before(self, now: float) -> int | None:
+        """Before a batch: back to the accuracy-first point if the server was idle for the window; the new
+        index or None."""
+        self._expire(now)
+        if now - self.last_seen >= self.config.window_s and self.index and now - self.last_move >= self.config.dwell_s:
+            return self._move(now, 0)
+        return None
+
+    def window(self, now: float) -> Window:
+        """The window's p99 latency, busy share, load and capacity at ``now``."""
+        span = max(min(self.config.window_s, now - max(self.started or now, self.since)), 1e-9)
+        busy = sum(b for _, b, _ in self.batches)
+        images = sum(n for _, _, n in self.batches)
+        return Window(p99([v for _, v in self.latencies]), min(1.0, busy / max(span, busy)),
+                      images / max(span, busy), images / max(busy, 1e-9))
+
+    def observe(self, now: float, batch_s: float, arrivals: Sequence[float], images: int | None = None
+                ) -> int | None:
+        """After a batch that took ``batch_s`` and answered ``images`` images (default: one per request) for
+        requests that arrived at ``arrivals`` (the clock of ``now``): the new index where the controller
+        moves, else None. Requests that arrived before the last move are not counted: their wait belongs
+        to the point left."""
+        if self.started is None:
+            self.started = now - batch_s
+        self.batches.append((now, batch_s, len(arrivals) if images is None else images))
+        self.last_seen = now
+        self.latencies.extend((now, now - arrived) for arrived in arrivals if arrived >= self.since)
+        self._expire(now)
+        if now - self.last_move < self.config.dwell_s or len(self.latencies) < self.config.min_samples:
+            return None
+        seen = self.window(now)
+        if seen.latency <= self.config.high * self.config.target_s and now - self.since >= self.config.window_s:
+            self.held[self.index] = (max(seen.rate, self.held.get(self.index, (0.0, now))[0]), now)
+        overloaded = {j: capacity for j, (capacity, _) in self.overloaded.items()}
+        held = {j: rate for j, (rate, _) in self.held.items()}
+        return self._move(now, decide(self.index, seen, self.costs, self.config, overloaded, held), seen)

@@ -1,0 +1,128 @@
+"""The latency controller of `cascade serve --p99-ms` (pipeline.serving.controller), on a simulated server:
+requests arrive (Poisson, fixed seed) into one queue, the engine takes every waiting request (up to 64)
+as a batch and spends a fixed overhead plus a time per image proportional to the point's MACs. Nothing
+here is timed on this machine: the clock is the simulation's."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from pipeline.serving.controller import ControlConfig, LatencyController, Window, decide, p99
+
+COSTS = [100.0, 85.0, 70.0, 55.0, 40.0]  # held-out MACs of the points, accuracy-first first
+PER_IMAGE_S = 0.002  # engine time per image at the accuracy-first point: capacity about 450 images/s
+OVERHEAD_S = 0.001  # per batch
+TARGET_S = 0.05
+
+
+def simulate(rate: Callable[[float], float], seconds: float, seed: int = 0,
+             config: ControlConfig | None = None) -> dict[str, list]:
+    """Per request: arrival, latency and the point that served it; the controller's moves (time, index)."""
+    rng = np.random.default_rng(seed)
+    arrivals, t = [], 0.0
+    while t < seconds:
+        t += rng.exponential(1.0 / rate(t))
+        arrivals.append(t)
+    control = LatencyController(COSTS, config or ControlConfig(target_s=TARGET_S))
+    out: dict[str, list] = {"arrival": [], "latency": [], "point": [], "moves": []}
+    clock, i = 0.0, 0
+    while i < len(arrivals):
+        clock = max(clock, arrivals[i])
+        moved = control.before(clock)
+        if moved is not None:
+            out["moves"].append((clock, moved))
+        batch = [a for a in arrivals[i:i + 64] if a <= clock]
+        duration = OVERHEAD_S + len(batch) * PER_IMAGE_S * COSTS[control.index] / COSTS[0]
+        clock += duration
+        out["arrival"] += batch
+        out["latency"] += [clock - a for a in batch]
+        out["point"] += [control.index] * len(batch)
+        moved = control.observe(clock, duration, batch)
+        if moved is not None:
+            out["moves"].append((clock, moved))
+        i += len(batch)
+    return out
+
+
+def per_second(run: dict[str, list], start: float, end: float) -> list[float]:
+    """p99 latency of the requests arriving in each whole second of [start, end)."""
+    arrival, latency = np.asarray(run["arrival"]), np.asarray(run["latency"])
+    return [p99(latency[(arrival >= s) & (arrival < s + 1)].tolist()) for s in range(int(start), int(end))]
+
+
+def step(low: float, high: float, up: float, down: float) -> Callable[[float], float]:
+    return lambda t: high if up <= t < down else low
+
+
+LOADS = [(200, 600, seed) for seed in range(3)] + [(250, 500, seed) for seed in range(3)]
+
+
+@pytest.mark.parametrize(("low", "high", "seed"), LOADS)
+def test_a_load_step_moves_to_cheaper_points_and_holds_the_target(low: float, high: float, seed: int) -> None:
+    # 500-600 images/s: past what the accuracy-first point answers (about 480), within the cheapest's
+    run = simulate(step(low, high, 5, 15), 25, seed)
+    assert per_second(run, 0, 5) and max(per_second(run, 0, 5)) <= TARGET_S  # low load: accuracy-first holds
+    arrival, point = np.asarray(run["arrival"]), np.asarray(run["point"])
+    assert (point[arrival < 5] == 0).all()
+    assert max(per_second(run, 7, 15)) <= TARGET_S  # every second after the first two of the step
+    assert (point[(arrival >= 7) & (arrival < 15)] > 0).all()
+
+
+@pytest.mark.parametrize(("low", "high", "seed"), LOADS)
+def test_it_returns_to_the_accuracy_first_point_soon_after_the_load_falls(low: float, high: float,
+                                                                         seed: int) -> None:
+    run = simulate(step(low, high, 5, 15), 25, seed)
+    back = [t for t, index in run["moves"] if index == 0 and t >= 15]
+    assert back and back[0] - 15 <= 3.0  # window (1 s) + dwell (0.5 s) + the backlog's drain
+    arrival, point = np.asarray(run["arrival"]), np.asarray(run["point"])
+    assert (point[arrival >= back[0] + 0.1] == 0).all()
+
+
+def test_an_idle_server_returns_to_the_accuracy_first_point() -> None:
+    control = LatencyController(COSTS, ControlConfig(target_s=TARGET_S, min_samples=1, dwell_s=0))
+    assert control.observe(1.0, 0.5, [0.0]) is not None and control.index > 0  # 1 s latency: step down
+    assert control.before(1.5) is None  # still in the window
+    assert control.before(3.0) == 0 and control.index == 0
+
+
+@pytest.mark.parametrize("rate", [150, 250, 300, 350, 400, 450, 500, 550, 600])
+def test_a_constant_load_does_not_flap(rate: float) -> None:
+    """From light load to past the accuracy-first point's capacity, the boundary included: once settled
+    (after 5 s), the point stays."""
+    run = simulate(lambda t: rate, 35, seed=int(rate))
+    assert [m for m in run["moves"] if m[0] >= 5] == []
+    assert max(per_second(run, 10, 35)) <= TARGET_S
+
+
+def test_decide_follows_its_rules() -> None:
+    cfg = ControlConfig(target_s=1.0)
+    hot = lambda busy: Window(0.9, busy, 500.0, 500.0)  # noqa: E731 over high * target
+    assert decide(0, hot(0.95), COSTS, cfg) == 2  # to where the busy share settles (0.95 * 0.7 <= 0.7)
+    assert decide(0, hot(0.8), COSTS, cfg) == 1  # one step is enough (0.8 * 0.85 <= 0.7)
+    assert decide(0, hot(1.0), [100.0, 90.0, 80.0], cfg) == 2  # nothing settles: the cheapest
+    assert decide(4, hot(1.0), COSTS, cfg) == 4  # the cheapest already
+    assert decide(4, Window(0.1, 0.2, 100.0, 500.0), COSTS, cfg) == 0  # light: all the way up
+    assert decide(4, Window(0.25, 0.2, 100.0, 500.0), COSTS, cfg) == 3  # 0.25 * 85/40 > 0.35: one step
+    assert decide(2, Window(0.5, 0.3, 100.0, 500.0), COSTS, cfg) == 2  # between low and high: stay
+    overloaded = {1: 150.0}  # point 1 answered 150 images per busy second when it was left for overload
+    assert decide(4, Window(0.1, 0.2, 110.0, 500.0), COSTS, cfg, overloaded) == 2  # 110 >= 0.7 * 150: not yet
+    assert decide(4, Window(0.1, 0.2, 100.0, 500.0), COSTS, cfg, overloaded) == 0  # the load fell below
+    busy = Window(0.1, 0.5, 300.0, 500.0)  # the accuracy-first point predicted too busy (0.5 * 100/70 > 0.65)
+    assert decide(2, busy, COSTS, cfg) == 1 and decide(2, busy, COSTS, cfg, held={0: 310.0}) == 0  # seen holding
+    assert decide(2, busy, COSTS, cfg, {0: 400.0}, {0: 310.0}) == 1  # but overloaded at this load: 300 >= 0.7 * 400
+    assert decide(2, busy, COSTS, cfg, {1: 400.0}, {0: 310.0}) == 2  # nothing past an overloaded point
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="hysteresis"):
+        ControlConfig(target_s=1.0, low=0.9, high=0.8)
+    with pytest.raises(ValueError, match="hysteresis"):
+        ControlConfig(target_s=1.0, up_busy=0.8, settle=0.7)
+    with pytest.raises(ValueError, match="seconds > 0"):
+        ControlConfig(target_s=math.nan)
+    with pytest.raises(ValueError, match="most costly first"):
+        LatencyController([1.0, 2.0], ControlConfig(target_s=1.0))
