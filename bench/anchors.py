@@ -18,6 +18,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,22 +59,29 @@ def recipe(run: Path) -> BaselineConfig:
 
 
 def train_and_read(run: Path, arch: str, width: float, seed: int) -> dict[str, Any]:
-    meta = read_json(run / "data" / "prepared" / "meta.json")
-    train, test = load_split(run / "data" / "prepared", "train"), load_split(run / "data" / "prepared", "test")
+    """One anchor trained on ``run``'s train split and read on its test split (a bench row)."""
+    row = train_net_and_read(run, lambda c, k: AnchorNet(arch, width, c, k), seed + SEED_OFFSET)
+    return {"name": anchor_name(arch, width), "arch": arch, "width": width, "seed": seed, **row}
+
+
+def train_net_and_read(run: Path, build: Callable[[int, int], torch.nn.Module], seed: int) -> dict[str, Any]:
+    """``build(channels, classes)`` trained by the run's plain-CNN recipe at plain_large's step budget on the
+    run's train split; its test accuracy (and SE), MACs by both counters, parameters, steps and seconds."""
+    prepared = run / "data" / "prepared"
+    classes = len(read_json(prepared / "meta.json")["classes"])
+    train, test = load_split(prepared, "train"), load_split(prepared, "test")
     pixels = train.images.astype(np.float32) / 255.0  # the baselines stage's normalisation
     mean = tuple(pixels.mean(axis=(0, 2, 3)).round(4).tolist())
     std = tuple(pixels.std(axis=(0, 2, 3)).round(4).tolist())
-    cfg, classes = recipe(run), len(meta["classes"])
+    cfg = recipe(run)
     shape = tuple(int(v) for v in train.images.shape[1:])
     started = time.perf_counter()
-    net = train_single_exit(lambda c: AnchorNet(arch, width, c, classes), train.images, train.labels, mean, std,
-                            cfg, seed + SEED_OFFSET)
+    net = train_single_exit(lambda c: build(c, classes), train.images, train.labels, mean, std, cfg, seed)
     seconds = time.perf_counter() - started
     logits, _ = plain_outputs(net, test.images, mean, std)
-    right = (logits.argmax(dim=-1).numpy() == test.labels)
+    right = logits.argmax(dim=-1).numpy() == test.labels
     acc = float(right.mean())
-    return {"name": anchor_name(arch, width), "arch": arch, "width": width, "seed": seed,
-            "accuracy": acc, "se": math.sqrt(acc * (1 - acc) / len(right)), "test_images": len(right),
+    return {"accuracy": acc, "se": math.sqrt(acc * (1 - acc) / len(right)), "test_images": len(right),
             "mean_macs": count_macs(net, shape), "flop_counter_macs": flop_counter_macs(net, shape),
             "params": sum(p.numel() for p in net.parameters()), "epochs": cfg.epochs,
             "steps": cfg.epochs * (len(train) // cfg.batch_size), "train_seconds": round(seconds, 1)}
