@@ -11,8 +11,8 @@ its standard error, mean MACs and the pipeline's wall time.
     python -m bench.own_data --anchors resnet18@8 shufflenet_v2@0.5     # the field's nets beside each run
 
 Targets it checks (docs/RESULTS.md 'Your own images'): on every folder and seed the shipped model is
-dominated by none of the others (another at <= its MACs more than one standard error better on test) and reads within 0.3
-points + 1 SE of the best single exit; over the folders its mean accuracy is >= plain_large's - 0.3
+dominated by none of the others (another at <= its MACs more than one standard error better on test)
+and reads within 0.3 points + 1 SE of the best single exit; over the folders its mean accuracy is >= plain_large's - 0.3
 points at <= 0.5x its mean MACs. Writes bench/out/own_data.json (every run is saved as it finishes).
 Run it alone: wall times are read on a shared 2-core machine.
 """
