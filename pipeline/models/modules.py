@@ -27,7 +27,9 @@ NO_ARCH = Arch()  # the only architecture of a module without decisions (immutab
 
 @dataclass(frozen=True)
 class ModuleSpec:
-    """What one cascade module is; ``ops`` and ``default_op`` are for supernet modules only."""
+    """What one cascade module is. ``ops`` is a supernet's candidate ops; ``default_op`` is a supernet's
+    default path op, or the op every layer of a fixed module runs (empty: conv3, docs/DESIGN.md 'Modules
+    on the frontier')."""
 
     kind: str
     channels: int
@@ -89,11 +91,12 @@ def _check_module_spec(spec: ModuleSpec) -> None:
                              f"got ops={spec.ops!r}, default_op={spec.default_op!r}, stride={spec.stride!r}")
         return
     if spec.kind == "fixed":
-        if spec.ops or spec.default_op:
-            raise ValueError(
-                f"ModuleSpec.ops / default_op are for supernet modules only; "
-                f"a fixed module got ops={spec.ops!r}, default_op={spec.default_op!r}"
-            )
+        if spec.ops:
+            raise ValueError(f"ModuleSpec.ops is for supernet modules only; a fixed module got ops={spec.ops!r} "
+                             f"(its layers' op is default_op)")
+        if spec.default_op and (spec.default_op not in OPS or spec.default_op == "skip"):
+            raise ValueError(f"ModuleSpec.default_op of a fixed module must be one of "
+                             f"{sorted(op for op in OPS if op != 'skip')}, got {spec.default_op!r}")
         return
     if spec.layers < 1:
         raise ValueError(f"ModuleSpec.layers must be >= 1 for a supernet module, got {spec.layers}")
@@ -169,7 +172,8 @@ def _export(transition: nn.Module, ops: Sequence[nn.Module], head: ExitHead, arc
 
 
 class FixedModule(nn.Module):
-    """A plain module: transition then ``layers`` conv3 blocks; its search space is empty."""
+    """A plain module: transition then ``layers`` blocks of ``spec.default_op`` (conv3 when empty); its
+    search space is empty."""
 
     def __init__(self, spec: ModuleSpec, in_channels: int, num_classes: int) -> None:
         super().__init__()
@@ -180,7 +184,8 @@ class FixedModule(nn.Module):
         self.num_classes = num_classes
         self.space = SearchSpace()
         self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
-        self.layers = nn.ModuleList(make_op("conv3", spec.channels) for _ in range(spec.layers))
+        op = spec.default_op or "conv3"
+        self.layers = nn.ModuleList(make_op(op, spec.channels) for _ in range(spec.layers))
         self.head = ExitHead.of(spec, num_classes)
 
     def default_arch(self) -> Arch:

@@ -39,14 +39,16 @@ MODULE_SPEC = {
     "stride": Int(choices=(1, 2), default=1),
     "layers": Int(ge=0, default=1),
     "ops": List(Str(choices=OPS), unique=True, min_items=2, doc="supernet only"),
-    "default_op": Str(choices=tuple(op for op in OPS if op != "skip"), doc="supernet only; one of ops"),
+    "default_op": Str(choices=tuple(op for op in OPS if op != "skip"),
+                      doc="a supernet's default path op (one of ops); a fixed module's layers' op (default conv3)"),
     "head": Str(choices=HEADS, default="pool_mlp"),
     "head_grid": Int(ge=1, default=4),
     "head_hidden": Int(ge=0, default=128),
 }
 
 
-SUPERNET_ONLY = ("ops", "default_op")
+SUPERNET_ONLY = ("ops",)
+SUPERNET_REQUIRES = ("ops", "default_op")
 
 
 def _spec_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
@@ -127,7 +129,7 @@ def check_modules(value: Any, key: str, params: Mapping[str, Any], *, train_keys
         else:
             if isinstance(spec, Mapping) and spec.get("kind") == "supernet":
                 problems += [f"{mkey}.spec.{name_} is missing (required for a supernet module)"
-                             for name_ in SUPERNET_ONLY if name_ not in spec]
+                             for name_ in SUPERNET_REQUIRES if name_ not in spec]
             problems += check_section(spec, Section(MODULE_SPEC, rules=(_spec_rules,)), f"{mkey}.spec")
         override = mod.get("train")
         if override is None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline.models.cascade import Cascade, CascadeSpec, build_modules, feature_shapes
+from pipeline.models.cost import count_macs
 from pipeline.models.modules import (
     ExitHead,
     FixedModule,
@@ -14,7 +15,7 @@ from pipeline.models.modules import (
     build_module,
     confidence,
 )
-from pipeline.models.ops import OPS
+from pipeline.models.ops import OPS, DepthwiseSeparable, make_op
 from pipeline.search.space import Arch, SearchSpace
 
 ALL_OPS = tuple(sorted(OPS))
@@ -71,6 +72,20 @@ def test_bad_module_spec_names_the_item(kwargs: dict, item: str) -> None:
 def test_fixed_spec_rejects_supernet_fields() -> None:
     with pytest.raises(ValueError, match="supernet modules only"):
         ModuleSpec("fixed", 8, ops=("conv3", "dw3"))
+    with pytest.raises(ValueError, match="default_op of a fixed module must be one of"):
+        ModuleSpec("fixed", 8, default_op="skip")
+
+
+def test_fixed_module_layers_run_its_default_op() -> None:
+    """default_op names the op of a fixed module's layers; empty keeps conv3 (modules saved before load)."""
+    plain = FixedModule(ModuleSpec("fixed", 8, 2, 2), 1, 4)
+    separable = FixedModule(ModuleSpec("fixed", 8, 2, 3, default_op="dw3"), 1, 4)
+    assert all(type(layer) is type(make_op("conv3", 8)) for layer in plain.layers)
+    assert len(separable.layers) == 3 and all(type(layer) is DepthwiseSeparable for layer in separable.layers)
+    features, logits = separable(torch.randn(2, 1, 12, 12))
+    assert features.shape == (2, 8, 6, 6) and logits.shape == (2, 4)
+    assert count_macs(separable, (1, 12, 12)) < count_macs(FixedModule(ModuleSpec("fixed", 8, 2, 3), 1, 4),
+                                                           (1, 12, 12))
 
 
 def test_spec_from_dict_is_hashable_and_strict() -> None:

@@ -153,7 +153,7 @@ def test_train_rule_on_the_merged_config_names_the_module():
 
 @pytest.mark.parametrize("spec,expected", [
     ({"kind": "fixed", "ops": ["conv3", "dw3"]}, "modules.m1.spec.ops is for supernet modules only"),
-    ({"kind": "fixed", "default_op": "conv3"}, "modules.m1.spec.default_op is for supernet modules only"),
+    ({"kind": "fixed", "default_op": "skip"}, "modules.m1.spec.default_op must be one of"),
     ({"kind": "fixd"}, "modules.m1.spec.kind must be one of 'fixed', 'supernet', got 'fixd'"),
     ({"channels": "16"}, "modules.m1.spec.channels must be an int >= 1, got '16'"),
     ({"stride": 3}, "modules.m1.spec.stride must be one of 1, 2, got 3"),
