@@ -1,5 +1,6 @@
 """A guard in front of `mlflow models serve`: the scoring server is MLflow's, and some requests it
-answers badly before the model ever sees them (measured, issue 29): a 50 MB non-UTF-8 body gets a 400
+answers badly before the model ever sees them (measured: docs/RESULTS.md "MLflow's server"): a 50 MB
+non-UTF-8 body gets a 400
 that echoes it back (a 500 MB response), a missing Content-Type or JSON nested 10,000 deep gets a
 500. The project cannot change that server, so it ships this small reverse proxy (standard library
 only) that refuses such requests itself, with short JSON answers, and forwards the rest:
