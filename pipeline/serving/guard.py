@@ -18,8 +18,8 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, ServeLimits, check_headers, media_type
-from pipeline.serving.requests import BadRequest, parse_json, precheck, wrap_raw
+from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, BadRequest, ServeLimits, check_headers, media_type
+from pipeline.serving.requests import parse_json, precheck, wrap_raw
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
