@@ -205,8 +205,10 @@ def _class_files(class_dir: Path, root: Path) -> tuple[list[Path], list[str]]:
                         "class")
     files = [p for p in entries if p.is_file() and is_image_file(p)]
     if not files:
-        raise DataError(f"class folder {class_dir} holds no images (files of a format Pillow reads: "
-                        f"{', '.join(IMAGE_SUFFIXES)})")
+        held = f"; it holds {', '.join(p.name for p in entries[:5])}{' ...' if len(entries) > 5 else ''}" \
+            if entries else ""
+        raise DataError(f"class folder {class_dir} holds no images (PNG, JPEG, WebP, BMP, TIFF, GIF or another "
+                        f"format Pillow decodes, told by the file's suffix){held}")
     kept = set(files)
     return files, [_skipped_name(p, root) for p in entries if p not in kept]
 

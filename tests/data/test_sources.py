@@ -13,6 +13,7 @@ from pipeline.data.sources import (
     load_imagefolder,
     load_source,
     read_idx,
+    skipped_note,
 )
 
 
@@ -257,3 +258,18 @@ def test_imagefolder_refuses_an_undecodable_file_of_an_image_suffix_by_name(tmp_
     bad.write_bytes((root / good[name]).read_bytes()[:20] if name in good else b"just some words")
     with pytest.raises(DataError, match=f"image file {bad} cannot be decoded"):
         load_imagefolder(root, channels=1, image_size=9)
+
+
+def test_an_image_less_class_folder_says_what_it_holds(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    (root / "notes").mkdir()
+    (root / "notes" / "a.txt").write_text("x")
+    with pytest.raises(DataError, match=r"notes holds no images \(PNG, JPEG, WebP.*; it holds a.txt$"):
+        load_imagefolder(root, channels=1, image_size=12)
+
+
+def test_the_skipped_note_names_ten_and_counts_the_rest():
+    assert skipped_note(None, "m.json") == "" and skipped_note((), "m.json") == ""
+    assert skipped_note(("a.txt",), "m.json") == "; skipped 1 (not images): a.txt"
+    note = skipped_note(tuple(f"{i}.txt" for i in range(12)), "m.json")
+    assert note.endswith("9.txt and 2 more (all in m.json 'skipped')") and "10.txt" not in note
