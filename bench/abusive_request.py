@@ -4,8 +4,9 @@ checks that each gets a 4xx in under a second and that the good requests keep th
 
     python -m bench.abusive_request --port 8000     # against a running `cascade serve`
 
-The list starts with issue 29's request: 768 copies of a 16 KB PNG whose header declares 4096 x 4096
-pixels (16.4 MB of JSON, 12.9 billion pixels declared).
+The list starts with the first abusive request of docs/RESULTS.md "Serving" ("Abusive requests under
+load"): 768 copies of a 16 KB PNG whose header declares 4096 x 4096 pixels (16.4 MB of JSON, 12.9 billion
+pixels declared).
 """
 
 from __future__ import annotations

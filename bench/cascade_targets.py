@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     c, orc, ts = m["cascade"], m["oracle"], m["static_selection"]
     big, small = m["largest_candidate_static"], m["smallest_candidate_static"]
     v, t = m["vs_largest_candidate"], m["timing"]
-    print(comparison_table(m))  # the cascade, its baselines and issue 9's targets, as evaluate printed them
+    print(comparison_table(m))  # the cascade, its baselines and targets, as evaluate printed them
     rows = [
         ("cascade's paths, no exits (largest routing candidate)", big["accuracy"], big["mean_macs"]),
         ("cascade's paths, no exits (smallest routing candidate)", small["accuracy"], small["mean_macs"]),

@@ -5,7 +5,7 @@ keeps the run's other `calibrate` settings, its reach floor `min_reach` among th
   calib, estimate       the old rule: thresholds on `calib`, accuracy loss against the best exit <= delta
   pooled, estimate      the same on `route` + `calib` (both held out from module training)
   calib, bound          on `calib`, the loss bounded by its estimate + z standard errors (z = --z)
-  pooled, bound         both (the pipeline's default since issue 37)
+  pooled, bound         both (the pipeline's default; docs/DESIGN.md "Your own data")
 
     python -m bench.operating_points --repo /path/to/finished/run [--repo ...] [--z 1]
 

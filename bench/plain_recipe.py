@@ -1,6 +1,7 @@
 """Why a plain CNN loses on the hard scenes folder: the plain CNN of ``pipeline.train.baselines`` trained
 directly on drawn scenes (``bench.own_data_folders.scene``), one recipe per line, read on a held-out
-fifth. The question (issue 37, item 4): is it the data, the width, the learning rate or the epochs?
+fifth. The question (docs/RESULTS.md "Hard data trains longer"): is it the data, the width, the learning
+rate or the epochs?
 
     python -m bench.plain_recipe                                   # the study of docs/RESULTS.md
     python -m bench.plain_recipe --radius 9 15 --clutter 3 7 --recipes 12:8:0.05:1 12:20:0.05:1

@@ -1,5 +1,5 @@
-"""A positive control for routing (issue 39, item 1): an image folder on which the right subnetwork *is*
-predictable before it runs, put through the user's command, so "routing does not pay here" can be told
+"""A positive control for routing (docs/RESULTS.md "Positive control"): an image folder on which the right
+subnetwork *is* predictable before it runs, put through the user's command, so "routing does not pay here" can be told
 apart from "routing is broken".
 
     python -m bench.routing_control                      # seeds 0 1 2, about 9 min each alone here
@@ -27,9 +27,9 @@ working tree (``bench.own_data``).
 Per seed it reads ``metrics/evaluate.json`` (the routed cascade, its static twin and the routing
 table) and, in the same run's models, a **random router**: module 1's predictor replaced by a draw
 per image with the predictor's own shares on test (the same mean MACs), thresholds refitted on the
-held-out images by the calibrate rule, read on test. Target (issue 39): the routed cascade >= its static
-twin + 1.0 point at equal MACs, or equal accuracy (within 0.3 points) at <= 0.7x its MACs, on every
-seed; the random router must not reach it. Writes ``docs/results/routing_control.json``.
+held-out images by the calibrate rule, read on test. Target (docs/RESULTS.md "Positive control"): the routed
+cascade >= its static twin + 1.0 point at equal MACs, or equal accuracy (within 0.3 points) at <= 0.7x its
+MACs, on every seed; the random router must not reach it. Writes ``docs/results/routing_control.json``.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def random_router(repo: Path, seed: int) -> dict[str, Any]:
 
 
 def judge(routed: dict[str, float], twin: dict[str, float]) -> dict[str, Any]:
-    """Issue 39's target for one seed: routed >= twin + 1.0 point at no more MACs, or routed within
+    """The control's target for one seed: routed >= twin + 1.0 point at no more MACs, or routed within
     ``EQUAL`` of the twin's accuracy at <= 0.7x its MACs."""
     gain = 100 * (routed["accuracy"] - twin["accuracy"])
     share = routed["mean_macs"] / twin["mean_macs"]

@@ -7,15 +7,16 @@ Benchmarks (each repeated over seeds; a miss within the budget counts as the bud
                                         of 9 choices, 26,206 networks), every encoding scored as its network
   tabular raw keys:<name>               the same, only the table's own keys valid (56% of points invalid)
 Methods: ours (the default of pipeline.search.search: rank utilities, the entropy-maximising
-Latin-hypercube pick, since issue 40 7 of 8 picks drawn from P around the recent best archs); as
-before issue 40 (no picks around the best, restarts): ours with plain draws of P, ours with the first
-entropy pick (greedy over a pool of draws, the pool shrinking with P's entropy, and fixed), the original update
-(softmax(perf / T) on raw scores, T 0.2, fixed greedy pool, no restarts: the brief's first build),
+Latin-hypercube pick, and 7 of 8 picks drawn from P around the recent best archs); as before those
+picks (docs/RESULTS.md "Method B on its own": no picks around the best, restarts): ours with plain
+draws of P, ours with the first entropy pick (greedy over a pool of draws, the pool shrinking with P's
+entropy, and fixed), the original update (softmax(perf / T) on raw scores, T 0.2, fixed greedy pool, no
+restarts: the brief's first build),
 random search, a plain estimation-of-distribution baseline (50 plain draws, the best quarter,
 mixed in at rate 0.1), and the NAS literature's baselines (bench/search_baselines.py): regularized
 evolution (population 20, sample 10, tuned once on the synthetic family), local search (best
 improvement over the one-change neighbourhood, random restarts) and Optuna's TPE (at most
---tpe-trials trials a run: its cost grows with the trials). Issue 40's variants of method B (VARIANTS)
+--tpe-trials trials a run: its cost grows with the trials). The variants of method B (VARIANTS)
 run when named in --methods. Every run stops at its first top-0.1% architecture (the counts are
 those of a run to the budget), and each row gives the median's distribution-free 95% interval and,
 where runs stopped without a hit (TPE at its trial cap), the median of the distinct evaluations they had
@@ -50,7 +51,7 @@ from pipeline.search.synthetic import make_synthetic
 
 Runner = Callable[..., SearchResult]  # (space, objective, budget, seed, stop) -> SearchResult
 
-# The pick ablations and the original update are of the default before issue 40 (BEFORE_40: no picks around the best,
+# The pick ablations and the original update are of the default before the picks around the best (BEFORE_40: none,
 # restarts after 10), as docs/RESULTS.md's "Method B on its own" measured them.
 _OLD = {k: v for k, v in BEFORE_40.items() if k in ("restart_after", "around", "age")}
 METHODS: dict[str, Runner] = {
@@ -80,7 +81,8 @@ def _b(base: dict[str, Any], **settings: Any) -> Runner:
     return lambda s, f, b, seed, stop: search(s, f, budget=b, seed=seed, stop=stop, **kw)
 
 
-# Variants of method B tried for issue 40 (docs/RESULTS.md); "before 40" is the default it started from (a product
+# Variants of method B tried (docs/RESULTS.md "Method B against the NAS baselines"); "before 40" is the default
+# they started from (a product
 # of marginals, restarts after 10, no picks around the best), the earlier variants are on top of it, the later
 # ones on top of the new default. Not the default unless DEFAULTS says so.
 VARIANTS: dict[str, Runner] = {

@@ -3,7 +3,8 @@ that sleeps (a stand-in for an expensive evaluation), on one synthetic objective
 
 Run from the repository root: ``python -m bench.search_parallel`` (about budget x sleep x 1.3 seconds).
 It checks that both runs evaluated the same points in the same order and prints the wall-time ratio
-(issue 40's target: <= 0.35 with 4 workers and 0.2 s per evaluation).
+(the target in docs/RESULTS.md "Method B against the NAS baselines": <= 0.35 with 4 workers and 0.2 s per
+evaluation).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ seed changes everything downstream of it: the stratified
 splits, the grading folds, every module's initial weights, data order and architecture draws, the
 baselines. When the runs are done the workspace goes back to the committed params and outputs
 (`git checkout params.yaml dvc.lock metrics && dvc checkout`). The summary prints, per figure, each
-seed's value, the mean and the spread, and which of issue 9's targets every seed meets.
+seed's value, the mean and the spread, and which of the cascade's targets (docs/RESULTS.md "The cascade on
+the test split") every seed meets.
 """
 
 from __future__ import annotations

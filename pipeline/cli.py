@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         f"model directory, or models:/<name>@<alias> or models:/<name>/<version> (default {DEFAULT_MODEL})"
     )
 
-    rec = sub.add_parser("recognize", help="classify PNG/JPEG files (folders are searched recursively)")
+    rec = sub.add_parser("recognize", help="classify image files: PNG, JPEG, WebP, BMP, TIFF, GIF, ... "
+                                         "(folders are searched recursively)")
     rec.add_argument("paths", nargs="+", metavar="PATH", help="image files or folders")
     rec.add_argument("--model", default=DEFAULT_MODEL, help=model_help)
     rec.add_argument("--json", action="store_true", help="print a JSON list instead of a table")

@@ -43,7 +43,8 @@ def imported_names(path: Path) -> set[str]:
 def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
     """Module -> the project modules it imports. A package's import of its own submodules is an edge
     too: a re-export in ``__init__.py`` runs that submodule (and what it imports) for every importer of
-    the package (issue 41: ``pipeline/search/__init__.py`` runs ``blackbox``, ``probmodel``, ...)."""
+    the package (``pipeline/search/__init__.py`` runs ``blackbox``, ``probmodel``, ...; docs/DESIGN.md
+    "Rooms and layers")."""
     files = module_files(root, packages)
     return {name: {t for t in imported_names(path) if t in files and t != name}
             for name, path in files.items()}

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from pipeline.data.input_shape import resolve_input
-from pipeline.data.sources import DEFAULT_MAX_PIXELS, DataError, load_source
+from pipeline.data.sources import DEFAULT_MAX_PIXELS, DataError, load_source, skipped_note
 from pipeline.data.splits import SplitPlan, check_class_coverage, make_splits, split_meta
 from pipeline.io import atomic_path, save_split, write_json
 from pipeline.params.config import DataConfig, TrackingConfig
@@ -51,11 +51,13 @@ def main(argv: list[str] | None = None) -> None:
             write_json(tmp / "meta.json", meta)
         metrics = {f"{name}_count": len(s) for name, s in splits.items()}
         metrics["seconds"] = round(time.perf_counter() - started, 2)
-        write_json(args.metrics, {**metrics, "input": choice.to_json()})
+        skipped = {} if data.skipped is None else {"skipped_count": len(data.skipped), "skipped": list(data.skipped)}
+        write_json(args.metrics, {**metrics, **skipped, "input": choice.to_json()})
         run.log_metrics(metrics)
         run.set_tags({"input": choice.reason})
         run.log_artifact(args.out / "meta.json")
-    print(f"ingest: {data.source} -> {args.out} " + ", ".join(f"{k}={v}" for k, v in metrics.items()))
+    print(f"ingest: {data.source} -> {args.out} " + ", ".join(f"{k}={v}" for k, v in metrics.items())
+          + skipped_note(data.skipped, args.metrics))
 
 
 if __name__ == "__main__":

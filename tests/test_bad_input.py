@@ -1,4 +1,5 @@
-"""Bad input everywhere images enter (issue 11): ingest's image folders, `cascade recognize` and the
+"""Bad input everywhere images enter (README "Recovery": a failed stage names the file): ingest's image
+folders, `cascade recognize` and the
 served model's payload. One decoder (:func:`pipeline.data.sources.decode_image_bytes`) converts any bit
 depth and mode, refuses an image whose header says it is over the pixel limit before decoding it,
 and every error names the file or the row. Images are generated here with numpy and Pillow."""

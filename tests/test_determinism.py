@@ -1,4 +1,4 @@
-"""Issue 11 A: what the stages write as DVC outputs is byte-identical between identical runs; every
+"""What the stages write as DVC outputs is byte-identical between identical runs; every
 timing (wall seconds, images/s, latencies, thread count) goes to metrics files or MLflow only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 11 B/C: a killed training resumes bitwise-identical; a killed stage run ends KILLED."""
+"""A killed training resumes bitwise-identical; a killed stage run ends KILLED (README "Recovery")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The positive control for routing (issue 39, ``bench.routing_control``) on a small instance, through the
+"""The positive control for routing (docs/RESULTS.md "Positive control", ``bench.routing_control``) on a
+small instance, through the
 library's training, selection and judging: on images whose family (the colour of the whole picture) says
 which candidate path is needed, the ``p_right`` predictor must serve, keep the static choice's accuracy
 and pay in MACs, and a random router at the same shares must not. If routing stops paying here, the

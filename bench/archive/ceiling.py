@@ -1,4 +1,5 @@
-"""Where the cascade's last exit stops, and what limits it (issue 9), side by side in one run.
+"""Where the cascade's last exit stops, and what limits it (docs/RESULTS.md "Where the last exit stops"),
+side by side in one run.
 
     dvc repro train@m2                       # the pipeline's modules 1 and 2 (or a full repro)
     python -m bench.archive.ceiling                  # every part: about 35 min on the 2-core machine

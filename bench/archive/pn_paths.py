@@ -1,4 +1,5 @@
-"""P(N) of each trained supernet against uniformly random paths (issue 10's training target).
+"""P(N) of each trained supernet against uniformly random paths (docs/HISTORY.md "Earlier: 8 / 8 / 6
+epochs, Intel host": the supernet pays for its place).
 
 For every supernet module of the trained pipeline (``models/modules/mK/train``): the final probability
 model's entropy as a share of its maximum, and the exit accuracy on the held-out ``route`` split

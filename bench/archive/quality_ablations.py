@@ -1,4 +1,5 @@
-"""Ablations of issue 9's design changes, side by side in one run, scored on the `calib` split.
+"""Ablations of the quality work's design changes (docs/DESIGN.md "Design notes: where the build departs
+from the brief"), side by side in one run, scored on the `calib` split.
 
     dvc repro grade            # data/prepared and data/graded of the current params
     python -m bench.archive.quality_ablations --part m1       # exit head x curriculum on module 1

@@ -1,5 +1,6 @@
 """Is "which candidate will be right" predictable, and would more labelled images help? The limit
-behind per-image routing, measured apart from the cascade (issue 28).
+behind per-image routing, measured apart from the cascade (docs/RESULTS.md "Is the right candidate
+predictable at all?").
 
     python -m bench.archive.routing_predictability --modules 2      # a workspace whose module 2 is a supernet
 

@@ -1,5 +1,6 @@
 """Would routing pay if the candidates differed where it can be predicted? A small experiment before
-any design (issue 28): module-2 specialists per group of confusable classes, routed by exit 1's answer.
+any design (docs/RESULTS.md "Candidates that differ where it can be predicted"): module-2 specialists
+per group of confusable classes, routed by exit 1's answer.
 
     python -m bench.archive.routing_specialists                   # a workspace after `dvc repro` (about 10 min)
     python -m bench.archive.routing_specialists --epochs 4 --max-train 6000     # a smoke run

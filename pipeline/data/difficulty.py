@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 
 # Hard: the grader's mean score at or above this share of chance level's (1 - 1/K for K classes), i.e. a
-# linear model on the pixels removes less than a quarter of chance's errors. Measured (issue 37,
-# docs/RESULTS.md "Hard data trains longer"): the scenes folder 0.99; every other folder 0.12-0.47.
+# linear model on the pixels removes less than a quarter of chance's errors. Measured (docs/RESULTS.md
+# "Your own images", "Hard data trains longer"): the scenes folder 0.99; every other folder 0.12-0.47.
 HARD_SHARE = 0.75
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.data.decode import FILE_FORMATS, is_image_file
 from pipeline.data.sources import (
     DEFAULT_MAX_PIXELS,
-    IMAGE_SUFFIXES,
     DataError,
     _find_idx,
     decode_image_bytes,
@@ -71,10 +71,10 @@ def sample_files(directory: Path, sample: int = SAMPLE) -> list[Path]:
         for d in sorted(directory.iterdir())
         if d.is_dir() and not d.name.startswith(".")
         for p in d.iterdir()
-        if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+        if p.is_file() and is_image_file(p)
     )
     if not files:
-        raise DataError(f"image folder {directory} holds no PNG/JPEG images")
+        raise DataError(f"image folder {directory} holds no images in its class folders")
     picks = np.unique(np.linspace(0, len(files) - 1, min(sample, len(files))).round().astype(int))
     return [files[i] for i in picks]
 
@@ -85,11 +85,12 @@ def probe_folder(directory: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple
     for path in sample_files(directory):
         data = path.read_bytes()
         try:
-            _, width, height = image_header(data)
+            _, width, height = image_header(data, FILE_FORMATS)
         except ValueError as exc:
             raise DataError(f"image file {path} cannot be decoded: {exc}") from None
         sides.append(min(width, height))
-        rgb = decode_image_bytes(data, 3, (height, width), max_pixels=max_pixels, name=f"image file {path}")
+        rgb = decode_image_bytes(data, 3, (height, width), max_pixels=max_pixels, name=f"image file {path}",
+                                 formats=FILE_FORMATS)
         coloured += carries_colour(rgb)
     return int(statistics.median(sides)), coloured / len(sides)
 

@@ -10,13 +10,19 @@ from __future__ import annotations
 import gzip
 import os
 import unicodedata
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from pipeline.data.decode import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS  # re-exported: readers import
+from pipeline.data.decode import IMAGE_SUFFIXES as IMAGE_SUFFIXES  # the decoder's names from here
+from pipeline.data.decode import DataError as DataError
+from pipeline.data.decode import decode_image_bytes as decode_image_bytes
+from pipeline.data.decode import decode_image_file as decode_image_file
+from pipeline.data.decode import image_header as image_header
+from pipeline.data.decode import is_image_file, resize_batch
+from pipeline.data.decode import max_file_bytes as max_file_bytes
 from pipeline.io import Split
 from pipeline.params.choices import ConfigError
 
@@ -25,14 +31,9 @@ FASHION_MNIST_CLASSES = (
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
     "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
 )
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 IDX_CLASSES_FILE = "classes.txt"  # in an `idx:` directory: one class name a line, line i naming label i
 MNIST_FORMAT_CLASSES = 10  # labels an `idx:` source may use without a classes file: 0..9
 _IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-
-
-class DataError(ValueError):
-    """Bad input data; the message names the offending file or item."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class RawDataset:
     test: Split | None
     classes: tuple[str, ...]
     source: str
+    skipped: tuple[str, ...] | None = None  # an image folder's entries not read (relative paths); None: no folder
 
 
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
@@ -180,175 +182,42 @@ def load_digits(image_size: int) -> RawDataset:
     return RawDataset(train, None, tuple(str(c) for c in bunch.target_names), "digits")
 
 
-def resize_batch(images: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
-    """Resize uint8 ``(N, C, H, W)`` images to ``size`` x ``size`` or ``(h, w)`` (bilinear, antialiased)."""
-    hw = (int(size), int(size)) if np.ndim(size) == 0 else (int(size[0]), int(size[1]))
-    if tuple(images.shape[-2:]) == hw:
-        return images
-    import torch
-    from torchvision.transforms.v2 import functional as F
-
-    batch = torch.from_numpy(np.ascontiguousarray(images))  # (N, C, H, W)
-    return F.resize(batch, list(hw), antialias=True).numpy()  # (N, C, h, w)
+def _hidden(path: Path) -> bool:
+    return path.name.startswith(".")
 
 
-# ------------------------------------------------------------------------------------------- decoding
-# Every PNG/JPEG the project reads (ingest's image folders, `cascade recognize`, the served model's
-# `image` column) goes through decode_image_bytes: size checked from the header before any pixel is
-# decoded, any bit depth and mode converted to uint8 grey or RGB, then resized.
-
-DEFAULT_MAX_PIXELS = 4096 * 4096  # width x height; `data.max_pixels`, `cascade recognize --max-pixels`
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-JPEG_SIGNATURE = b"\xff\xd8\xff"
-_BYTES_PER_PIXEL_BOUND = 9  # a 16-bit RGBA PNG stored uncompressed: 8 bytes a pixel, 1 filter byte a row
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers (not DHT, JPG, DAC)
-_STANDALONE_MARKERS = frozenset(range(0xD0, 0xD8)) | {0x01, 0xD8}  # RSTn, TEM, SOI: no length field
-_SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+def _skipped_name(path: Path, root: Path) -> str:
+    """How a skipped entry is named: its path under the image folder, a folder with a trailing slash."""
+    return path.relative_to(root).as_posix() + ("/" if path.is_dir() else "")
 
 
-def max_file_bytes(max_pixels: int) -> int:
-    """The largest file that can hold an image of ``max_pixels`` pixels (PNG stored uncompressed)."""
-    return _BYTES_PER_PIXEL_BOUND * max_pixels + (1 << 20)
-
-
-def image_header(data: bytes) -> tuple[str, int, int]:
-    """``(format, width, height)`` of PNG or JPEG bytes, read from the PNG IHDR chunk or the first
-    JPEG frame header (SOFn) without decoding any pixel; ValueError says what is wrong."""
-    if data.startswith(PNG_SIGNATURE):
-        if len(data) < 24 or data[12:16] != b"IHDR":
-            raise ValueError("truncated PNG header (no IHDR chunk)")
-        width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-        return "PNG", width, height
-    if data.startswith(JPEG_SIGNATURE):
-        i, n = 2, len(data)
-        while i < n:
-            if data[i] != 0xFF:
-                raise ValueError(f"corrupt JPEG header (no marker at byte {i})")
-            while i < n and data[i] == 0xFF:  # fill bytes
-                i += 1
-            if i >= n:
-                break
-            marker = data[i]
-            i += 1
-            if marker in _STANDALONE_MARKERS:
-                continue
-            if marker in (0xD9, 0xDA):  # end of image, start of scan: no frame header came first
-                raise ValueError("corrupt JPEG (no frame header before the image data)")
-            if i + 2 > n:
-                break
-            length = int.from_bytes(data[i:i + 2], "big")
-            if marker in _SOF_MARKERS:
-                if i + 7 > n:
-                    break
-                height = int.from_bytes(data[i + 3:i + 5], "big")  # after length (2) and precision (1)
-                width = int.from_bytes(data[i + 5:i + 7], "big")
-                return "JPEG", width, height
-            if length < 2:
-                raise ValueError(f"corrupt JPEG header (segment length {length} at byte {i})")
-            i += length
-        raise ValueError("truncated JPEG header (no frame header)")
-    raise ValueError(f"not a PNG or JPEG (it starts with {data[:8]!r})")
-
-
-def _to_uint8(image: Any, channels: int) -> np.ndarray:
-    """A loaded Pillow image of any mode -> uint8 ``(channels, H, W)``: 16-bit samples scaled to 8 bits
-    (rounded), palettes expanded, alpha dropped, CMYK/YCbCr converted, grey from RGB by ITU-R 601 luma."""
-    from PIL import Image
-
-    if image.mode in _SIXTEEN_BIT_MODES:  # 16-bit grey: v -> round(v * 255 / 65535)
-        wide = np.asarray(image).astype(np.int64)  # (H, W)
-        image = Image.fromarray(((np.clip(wide, 0, 65535) + 128) // 257).astype(np.uint8), mode="L")
-    target = "L" if channels == 1 else "RGB"
-    if image.mode != target:
-        image = image.convert(target)
-    array = np.array(image, dtype=np.uint8)  # (H, W) or (H, W, 3); a writable copy (torch needs one)
-    return np.ascontiguousarray(array[None] if array.ndim == 2 else array.transpose(2, 0, 1))  # (C, H, W)
-
-
-def decode_image_bytes(data: bytes, channels: int, size: int | tuple[int, int], *,
-                       max_pixels: int = DEFAULT_MAX_PIXELS, name: str = "image") -> np.ndarray:
-    """PNG/JPEG bytes of any size, bit depth or mode -> uint8 ``(channels, size, size)`` (or ``(channels,
-    h, w)``). An image over ``max_pixels`` (width x height, from the header) is refused before its
-    pixels are decoded. Every failure is a :class:`DataError` whose message starts with ``name``."""
-    import io
-
-    if channels not in (1, 3):
-        raise ValueError(f"channels must be 1 or 3, got {channels}")
-    if not data:
-        raise DataError(f"{name} is empty")
-    try:
-        fmt, width, height = image_header(data)
-    except ValueError as exc:
-        raise DataError(f"{name} cannot be decoded: {exc}") from None
-    if width < 1 or height < 1:
-        raise DataError(f"{name} cannot be decoded: its header says {width} x {height} pixels")
-    if width * height > max_pixels:
-        raise DataError(f"{name} is too large: {width} x {height} = {width * height:,} pixels, over the "
-                        f"limit of {max_pixels:,} pixels")
-    from PIL import JpegImagePlugin, PngImagePlugin
-
-    opener = PngImagePlugin.PngImageFile if fmt == "PNG" else JpegImagePlugin.JpegImageFile
-    try:
-        with warnings.catch_warnings():  # Pillow's palette/transparency notes; our own size limit is checked
-            warnings.simplefilter("ignore")
-            with opener(io.BytesIO(data)) as image:  # constructed directly: the size was checked above
-                if image.size != (width, height):
-                    seen = " x ".join(map(str, image.size))
-                    raise ValueError(f"its header says {width} x {height}, the decoder sees {seen}")
-                image.load()
-                array = _to_uint8(image, channels)  # (C, H, W)
-    except MemoryError:
-        raise DataError(f"{name} cannot be decoded: out of memory for {width} x {height} pixels") from None
-    except Exception as exc:  # any decoder failure (truncated, corrupt, unsupported) is this input's fault
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DataError(f"{name} cannot be decoded: {reason}") from None
-    return resize_batch(array[None], size)[0]
-
-
-def decode_image_file(path: str | os.PathLike[str], channels: int, size: int | tuple[int, int], *,
-                      max_pixels: int = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Decode one PNG/JPEG file of any size, bit depth or mode to uint8 ``(channels, size, size)``; a
-    :class:`DataError` naming the file if it is missing, empty, not a PNG/JPEG, corrupt or too large."""
-    path = Path(path)
-    name = f"image file {path}"
-    try:
-        nbytes = path.stat().st_size
-        if nbytes > max_file_bytes(max_pixels):
-            raise DataError(f"{name} is too large: {nbytes:,} bytes, more than any image of at most "
-                            f"{max_pixels:,} pixels needs")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{name} cannot be read: {exc.strerror or exc}") from None
-    return decode_image_bytes(data, channels, size, max_pixels=max_pixels, name=name)
-
-
-def _class_files(class_dir: Path) -> list[Path]:
-    """The PNG/JPEG files of one class folder, sorted. A class folder holds images only, no sub-folder
-    (hidden ones, such as ``.ipynb_checkpoints``, are skipped): nested classes are refused, not merged."""
+def _class_files(class_dir: Path, root: Path) -> tuple[list[Path], list[str]]:
+    """The image files of one class folder, sorted, and what it holds besides (named, not read). A class
+    folder holds images only, no sub-folder (hidden ones, such as ``.ipynb_checkpoints``, are skipped):
+    nested classes are refused, not merged."""
     entries = sorted(class_dir.iterdir())
-    nested = [p for p in entries if p.is_dir() and not p.name.startswith(".")]
+    nested = [p for p in entries if p.is_dir() and not _hidden(p)]
     if nested:
         more = f" (and {len(nested) - 1} more)" if len(nested) > 1 else ""
         raise DataError(f"class folder {class_dir} holds a sub-folder {nested[0]}{more}: an image folder has "
                         "one level of class folders with the images directly inside; make each sub-folder a "
                         f"class folder of its own, or move its images up into {class_dir} to keep them one "
                         "class")
-    files = [p for p in entries if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+    files = [p for p in entries if p.is_file() and is_image_file(p)]
     if not files:
-        raise DataError(f"class folder {class_dir} holds no PNG/JPEG images")
-    return files
+        held = f"; it holds {', '.join(p.name for p in entries[:5])}{' ...' if len(entries) > 5 else ''}" \
+            if entries else ""
+        raise DataError(f"class folder {class_dir} holds no images (PNG, JPEG, WebP, BMP, TIFF, GIF or another "
+                        f"format Pillow decodes, told by the file's suffix){held}")
+    kept = set(files)
+    return files, [_skipped_name(p, root) for p in entries if p not in kept]
 
 
-def load_imagefolder(directory: str | os.PathLike[str], channels: int, image_size: int, *,
-                     max_pixels: int = DEFAULT_MAX_PIXELS) -> RawDataset:
-    """One sub-folder per class, the images directly inside (a nested sub-folder is refused, named);
-    every PNG/JPEG is decoded, converted and resized. The first file that cannot be (corrupt,
-    truncated, empty, over ``max_pixels``) stops the load, named. The layout is checked in full before
-    any image is decoded."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise DataError(f"image folder {directory} does not exist")
-    class_dirs = sorted(p for p in directory.iterdir() if p.is_dir() and not p.name.startswith("."))
+def _class_dirs(directory: Path) -> tuple[list[Path], list[str], list[str]]:
+    """The class folders of an image folder, sorted and checked, their class names, and the entries
+    beside them that are not read (files, hidden folders), named."""
+    entries = sorted(directory.iterdir())
+    class_dirs = [p for p in entries if p.is_dir() and not _hidden(p)]
     if len(class_dirs) < 2:
         raise DataError(f"image folder {directory} needs at least two class sub-folders, found {len(class_dirs)}")
     names = [class_name(p.name, f"image folder {p}") for p in class_dirs]
@@ -356,15 +225,40 @@ def load_imagefolder(directory: str | os.PathLike[str], channels: int, image_siz
     if twins:
         raise DataError(f"image folder {directory}: sub-folders {twins} differ only in their Unicode form "
                         "(NFC/NFD); rename one so each class is one folder")
-    class_files = [_class_files(class_dir) for class_dir in class_dirs]
+    return class_dirs, names, [_skipped_name(p, directory) for p in entries if p not in class_dirs]
+
+
+def load_imagefolder(directory: str | os.PathLike[str], channels: int, image_size: int, *,
+                     max_pixels: int = DEFAULT_MAX_PIXELS) -> RawDataset:
+    """One sub-folder per class, the images directly inside (a nested sub-folder is refused, named).
+    Every file with a suffix Pillow registers for a format it decodes (``IMAGE_SUFFIXES``: PNG, JPEG,
+    WebP, BMP, TIFF, GIF, ...) is decoded, converted and resized; the first that cannot be (corrupt,
+    truncated, empty, over ``max_pixels``) stops the load, named. Every other entry (a text file,
+    ``.DS_Store``, a hidden folder, a file beside the class folders) is skipped and named in
+    ``RawDataset.skipped``. The layout is checked in full before any image is decoded."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DataError(f"image folder {directory} does not exist")
+    class_dirs, names, skipped = _class_dirs(directory)
+    listed = [_class_files(class_dir, directory) for class_dir in class_dirs]
     images, labels, ids = [], [], []
-    for label, files in enumerate(class_files):
+    for label, (files, beside) in enumerate(listed):
+        skipped += beside
         for file in files:
             images.append(decode_image_file(file, channels, image_size, max_pixels=max_pixels))
             labels.append(label)
             ids.append(file.relative_to(directory).as_posix())
     train = Split("train", np.stack(images), np.array(labels, dtype=np.int64), np.array(ids))
-    return RawDataset(train, None, tuple(names), f"imagefolder:{directory}")
+    return RawDataset(train, None, tuple(names), f"imagefolder:{directory}", tuple(sorted(skipped)))
+
+
+def skipped_note(skipped: tuple[str, ...] | None, listed_in: str | os.PathLike[str], shown: int = 10) -> str:
+    """``; skipped N (not images): a, b, ...`` for ingest's line, the first ``shown`` named and the
+    rest counted (all of them are in ``listed_in``); empty when nothing was skipped."""
+    if not skipped:
+        return ""
+    more = f" and {len(skipped) - shown} more (all in {listed_in} 'skipped')" if len(skipped) > shown else ""
+    return f"; skipped {len(skipped)} (not images): {', '.join(skipped[:shown])}{more}"
 
 
 def check_source(source: str) -> None:
@@ -378,7 +272,7 @@ def load_source(source: str, *, channels: int, image_size: int, max_pixels: int 
                 ) -> RawDataset:
     """Dispatch on the ``data.source`` param: ``fashion-mnist``, ``idx:<dir>``, ``imagefolder:<dir>`` or
     ``digits``.
-    ``max_pixels`` (``data.max_pixels``) bounds each PNG/JPEG of an image folder (width x height)."""
+    ``max_pixels`` (``data.max_pixels``) bounds each image of an image folder (width x height)."""
     if source == "fashion-mnist":
         data = load_fashion_mnist()
     elif source.startswith("fashion-mnist:") or source.startswith("idx:"):

@@ -49,12 +49,16 @@ def _schema(columns: tuple[tuple[str, str], ...], *, optional: bool) -> Any:
     return Schema([ColSpec(kinds.get(kind, kind), name, required=not optional) for name, kind in columns])
 
 
+MODEL_CODE = Path(__file__).with_name("pyfunc_code.py")  # models-from-code: MLflow runs it to load the model
+
+
 def _pyfunc_kwargs(model_dir: str | os.PathLike[str], code_dir: Path, input_example: Any,
                    input_columns: tuple[tuple[str, str], ...], output_columns: tuple[tuple[str, str], ...]
                    ) -> dict[str, Any]:
     """What a cascade pyfunc model is made of; the whole ``pipeline`` package (without caches), not only
     this room of it, is copied to ``code_dir`` and travels with the model, so a server runs the code the
-    model was logged with."""
+    model was logged with. The model itself is given as code (:data:`MODEL_CODE`, a file path), not as
+    an object MLflow would pickle: whoever loads the model from a shared store unpickles nothing."""
     import shutil
 
     from mlflow.models import ModelSignature
@@ -65,7 +69,7 @@ def _pyfunc_kwargs(model_dir: str | os.PathLike[str], code_dir: Path, input_exam
     shutil.copytree(package, code_dir, ignore=shutil.ignore_patterns("__pycache__"))
     signature = ModelSignature(inputs=_schema(input_columns, optional=True),
                                outputs=_schema(output_columns, optional=False))
-    return {"python_model": _cascade_model_class()(), "artifacts": {"cascade": str(model_dir)},
+    return {"python_model": str(MODEL_CODE), "artifacts": {"cascade": str(model_dir)},
             "code_paths": [str(code_dir)], "signature": signature, "input_example": input_example,
             "pip_requirements": _pinned(("mlflow", "torch", "torchvision", "numpy", "pandas", "pyyaml"))}
 
@@ -193,8 +197,10 @@ def download_model_artifacts(uri: str, dst: str | os.PathLike[str] | None = None
 def _cascade_model_class() -> type:
     """The pyfunc model class, built on first use so importing this module never imports mlflow.
 
-    It is published as ``pipeline.registry.mlflow_models.CascadeModel`` (module ``__getattr__``), so cloudpickle
-    stores the logged instance by reference and a server rebuilds the class from the code."""
+    :mod:`pipeline.registry.pyfunc_code` hands an instance to MLflow when a model is loaded. The class
+    is also published as ``pipeline.registry.mlflow_models.CascadeModel`` (module ``__getattr__``):
+    versions registered before models-from-code hold a cloudpickle that names it, and still load by it
+    (re-registering one logs it as code: ``python -m stages.register``, docs/DESIGN.md "Serving")."""
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
 

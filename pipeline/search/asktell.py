@@ -37,15 +37,16 @@ from pipeline.search.space import Arch, Decision, SearchSpace
 from pipeline.search.treemodel import Pairs, joints_from_state, joints_state, product_joints, tree_pick, update_joints
 
 # Frozen defaults, chosen on the synthetic family and then fixed (docs/RESULTS.md: "Method B on its own"); the
-# pick, once plain draws, is the Latin-hypercube entropy pick since it measured no worse on any benchmark. Issue 40
-# (docs/RESULTS.md, "Method B against the NAS baselines"): after the first iteration 7 of the 8 picks are drawn
+# pick, once plain draws, is the Latin-hypercube entropy pick since it measured no worse on any benchmark. Since
+# docs/RESULTS.md "Method B against the NAS baselines": after the first iteration 7 of the 8 picks are drawn
 # from P around the 8 best of the last 20 archs scored (one decision redrawn from P), restarts only after 30
 # iterations without improvement (a safety net: none measured a difference on the benchmarks, but without
 # them a deceptive objective ends "converged"); screened on other seeds than the one reported, then frozen.
 DEFAULTS = {"m": 8, "step": 0.5, "smoothing": 0.02, "pick": "entropy", "pool_factor": 4, "restart_after": 30,
             "elite": 0, "local": 0.0, "around": 0.875, "centres": 8, "rate": None, "structure": "product", "age": 20,
             "initial": None}
-# Issue 40's starting point (the defaults before it), kept for the benchmarks' comparison.
+# The defaults before the picks around the best (docs/RESULTS.md "Method B on its own" measured them), kept for
+# the benchmarks' comparison ("Method B against the NAS baselines").
 BEFORE_40 = DEFAULTS | {"restart_after": 10, "around": 0.0, "age": None}
 # A search whose m picks were all seen before, this many iterations in a row, has converged.
 STALL_ITERATIONS = 50

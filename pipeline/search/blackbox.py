@@ -119,7 +119,8 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     architecture).
     ``callback(evaluation)`` runs after every evaluation; ``stop(evaluation)`` ends the search when
     it returns True. ``result.error`` holds an exception raised by ``evaluate`` (the search ends,
-    the history is kept); check ``result.stopped``. Issue 40: once an iteration has been scored,
+    the history is kept); check ``result.stopped``. Once an iteration has been scored (docs/RESULTS.md
+    "Method B against the NAS baselines"),
     ``around`` (default 0.875: 7 of 8) of the m picks are drawn from P around the ``centres`` (8) best of
     the last ``age`` (20; None: all) archs this restart scored, by rank weight, with one decision redrawn
     from P (``rate=None``; a number: each decision with that probability; ``"entropy"``: annealed with
@@ -128,8 +129,8 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
     Variants, off by default: ``structure="tree"`` (a Chow-Liu tree over pair tables fitted by the same
     MLE, :mod:`pipeline.search.treemodel`), ``initial`` (points of each restart's first iteration), ``elite`` (the
     restart's best archs join each fit) and ``local`` (that fraction of the m picks are one-change
-    neighbours of the restart's best arch); ``around=0.0, restart_after=10`` is the default before
-    issue 40 (``pipeline.search.asktell.BEFORE_40``).
+    neighbours of the restart's best arch); ``around=0.0, restart_after=10`` is the default before the
+    picks around the best (``pipeline.search.asktell.BEFORE_40``, docs/RESULTS.md "Method B on its own").
 
     ``executor`` (any :class:`concurrent.futures.Executor`: a thread or process pool, Dask's
     ``client.get_executor()``) evaluates an iteration's new points together; the results are taken

@@ -1,4 +1,5 @@
-"""Issue 40: picks of method B drawn from P around the restart's best archs (a probabilistic neighbourhood).
+"""Picks of method B drawn from P around the restart's best archs (a probabilistic neighbourhood;
+docs/RESULTS.md "Second round: picks drawn from P around the recent best archs").
 
 P stays the product of marginals fitted by weighted MLE (:mod:`pipeline.search.probmodel`); what changes
 is where the m points of an iteration come from. A neighbourhood pick takes one of the restart's ``k``

@@ -1,4 +1,5 @@
-"""Issue 40: a tree-structured probability model for method B (Chow-Liu over the decisions).
+"""A tree-structured probability model for method B (Chow-Liu over the decisions), a variant off by
+default (docs/RESULTS.md "Method B against the NAS baselines").
 
 Alongside P's marginals (:class:`pipeline.search.probmodel.ProbModel`, updated as before) the model keeps
 every pair's joint table ``J[i, j][a, b]``, updated by the same weighted MLE: ``J = step * (weighted pair

@@ -23,8 +23,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, ServeLimits, check_headers, media_type
-from pipeline.serving.requests import BUDGET_HEADER, BadRequest, parse_json, precheck, stamped, wrap_raw
+from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, BadRequest, ServeLimits, check_headers, media_type
+from pipeline.serving.requests import BUDGET_HEADER, parse_json, precheck, stamped, wrap_raw
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

@@ -1,13 +1,17 @@
-"""What a served cascade accepts: one typed set of limits, checked in one place, and the request
-checks that need only the request line and headers (so a refused body is never read)."""
+"""The one request checker of every served path: one typed set of limits (:class:`ServeLimits`) and
+the checks against them, used by LitServe's guard (:mod:`pipeline.serving.guard`) and decoder
+(:mod:`pipeline.serving.requests`), Triton's Python backend (:mod:`pipeline.serving.triton_backend`:
+image count and pixels; Triton itself bounds bodies and queues) and the proxy in front of
+``mlflow models serve`` (:mod:`pipeline.serving.mlflow_guard`). A check that fails raises or returns
+the HTTP status and a message naming what is wrong; the header checks need only the request line and
+headers, so a refused body is never read. docs/DESIGN.md "Serving"."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from pipeline.data.sources import DEFAULT_MAX_PIXELS
+from pipeline.data.sources import DEFAULT_MAX_PIXELS, image_header
 from pipeline.registry.payload import MAX_REQUEST_PIXELS
-from pipeline.serving.mlflow_guard import json_depth_exceeds as _scan_depth
 
 RAW_TYPES = ("image/png", "image/jpeg", "application/octet-stream")  # one image per request, its bytes
 JSON_TYPE = "application/json"
@@ -42,13 +46,22 @@ class ServeLimits:
                 raise ValueError(f"ServeLimits.{f.name} must be a number > 0, got {value!r}")
 
 
+class BadRequest(ValueError):
+    """A request the server answers with ``status`` (4xx) and this message."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def media_type(content_type: str | None) -> str:
     return (content_type or "").split(";")[0].strip().lower()
 
 
 def check_headers(method: str, path: str, content_length: str | None, content_type: str | None,
-                  limits: ServeLimits) -> tuple[int, str] | None:
-    """(status, message) refusing a prediction request from its line and headers alone, or None."""
+                  limits: ServeLimits, accepted: tuple[str, ...] = CONTENT_TYPES) -> tuple[int, str] | None:
+    """(status, message) refusing a prediction request from its line and headers alone, or None:
+    no length 411, over ``max_bytes`` 413, empty 400, a Content-Type not in ``accepted`` 415."""
     if method != "POST" or path != PREDICT_PATH:
         return None  # not a prediction: the server's own routes answer (or 404/405)
     if content_length is None or not content_length.strip().isdigit():
@@ -57,18 +70,75 @@ def check_headers(method: str, path: str, content_length: str | None, content_ty
     if size > limits.max_bytes:
         return 413, f"the request body has {size:,} bytes, over the limit of {limits.max_bytes:,}"
     if size == 0:
-        return 400, "the request body is empty: send a PNG/JPEG image or a JSON payload"
+        return 400, f"the request body is empty (send one of: {', '.join(accepted)})"
     kind = media_type(content_type)
-    if kind not in CONTENT_TYPES:
-        return 415, f"Content-Type must be one of {', '.join(CONTENT_TYPES)}, got {kind or 'none'!r}"
+    if kind not in accepted:
+        return 415, f"Content-Type must be one of {', '.join(accepted)}, got {kind or 'none'!r}"
     return None
 
 
 def json_depth_exceeds(text: bytes | str, limit: int) -> bool:
-    """Whether JSON ``text`` nests deeper than ``limit`` (:func:`pipeline.serving.mlflow_guard.json_depth_exceeds`'s
-    linear scan; a body with too few brackets to nest that deep is not scanned at all)."""
+    """Whether JSON ``text`` nests arrays/objects more than ``limit`` deep (brackets inside strings do
+    not count); a linear scan, no parsing, so a hostile depth costs nothing, and a body with too few
+    brackets to nest that deep is not scanned at all."""
     if isinstance(text, bytes):
         if text.count(b"[") + text.count(b"{") <= limit:
             return False
         text = text.decode("utf-8", errors="replace")
-    return _scan_depth(text, limit)
+    depth, in_string, escaped = 0, False, False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+    return False
+
+
+def check_text(body: bytes, limits: ServeLimits, *, is_json: bool = True) -> str:
+    """A body as text: a BadRequest (400) when it is not UTF-8 or, for JSON, nests deeper than
+    ``max_depth`` (a framework's parser would answer 500 or recurse)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the request body is not UTF-8 (byte {exc.start})") from None
+    if is_json and json_depth_exceeds(text, limits.max_depth):
+        raise BadRequest(f"the JSON body nests deeper than {limits.max_depth} levels")
+    return text
+
+
+def check_count(count: int, limits: ServeLimits) -> None:
+    """A BadRequest (413) for a request of more than ``max_images`` images."""
+    if count > limits.max_images:
+        raise BadRequest(f"the request holds {count} images, over the limit of {limits.max_images} per request",
+                         status=413)
+
+
+def declared_pixels(data: bytes) -> int:
+    """Width x height an image's header declares, nothing decoded; 0 when it has no readable header
+    (the decoder then names the problem)."""
+    try:
+        _, width, height = image_header(data)
+    except ValueError:
+        return 0
+    return max(0, width) * max(0, height)
+
+
+def check_declared(pixels: list[int], limits: ServeLimits) -> None:
+    """A BadRequest (413) when the pixels the images of a request declare (from their headers, before
+    any decoding; an image over ``max_pixels`` counts at that limit: it is refused by name when
+    decoded) add up to more than ``max_request_pixels``."""
+    declared = sum(min(p, limits.max_pixels) for p in pixels)
+    if declared > limits.max_request_pixels:
+        raise BadRequest(f"the request's images declare {declared:,} pixels in all (from their headers), "
+                         f"over the limit of {limits.max_request_pixels:,} per request", status=413)

@@ -1,16 +1,18 @@
 """A guard in front of `mlflow models serve`: the scoring server is MLflow's, and some requests it
-answers badly before the model ever sees them (measured, issue 29): a 50 MB non-UTF-8 body gets a 400
-that echoes it back (a 500 MB response), a missing Content-Type or JSON nested 10,000 deep gets a
-500. The project cannot change that server, so it ships this small reverse proxy (standard library
-only) that refuses such requests itself, with short JSON answers, and forwards the rest:
+answers badly before the model ever sees them (measured: docs/RESULTS.md "MLflow's server"): a 50 MB
+non-UTF-8 body gets a 400 that echoes it back (a 500 MB response), a missing Content-Type or JSON nested
+10,000 deep gets a 500. The project cannot change that server, so it ships this small reverse proxy (the
+standard library's HTTP server, and the request checker every served path uses:
+:mod:`pipeline.serving.limits`) that refuses such requests itself, with short JSON answers, and forwards
+the rest:
 
     mlflow models serve -m "models:/$MODEL@champion" --env-manager local --host 127.0.0.1 --port 5001
     python -m pipeline.serving.mlflow_guard --upstream http://127.0.0.1:5001 --port 5000   # clients call :5000
 
 Rules, in order: only ``POST /invocations`` and ``GET /ping | /health | /version`` pass (404); a POST
-needs a Content-Length (411) of at most ``--max-bytes`` (413, the body is never read), a Content-Type
-of ``application/json`` or ``text/csv`` (415), a UTF-8 body (400) and, for JSON, nesting at most
-``--max-depth`` deep (400). The upstream's answer is passed on; an error answer's body is cut to
+needs a Content-Length (411) of at most ``--max-bytes`` (413, the body is never read), not 0 (400), a
+Content-Type of ``application/json`` or ``text/csv`` (415), a UTF-8 body (400) and, for JSON, nesting at
+most ``--max-depth`` deep (400). The upstream's answer is passed on; an error answer's body is cut to
 ``--max-error-bytes``, so a server that echoes the request cannot multiply its size. An upstream that
 does not answer within ``--timeout`` seconds gets 504.
 """
@@ -21,74 +23,58 @@ import argparse
 import http.client
 import json
 import urllib.parse
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from pipeline.serving.limits import BadRequest, ServeLimits, check_headers, check_text, media_type
 
 MAX_BYTES = 20 * 1024 * 1024  # above the model's 16 MiB of image data (base64 and JSON add a third)
 MAX_DEPTH = 32  # the scoring formats nest 4 deep at most
 MAX_ERROR_BYTES = 4096
-CONTENT_TYPES = ("application/json", "text/csv")
+CONTENT_TYPES = ("application/json", "text/csv")  # MLflow's scoring server reads these
 GET_PATHS = ("/ping", "/health", "/version")
 
 
-def json_depth_exceeds(text: str, limit: int) -> bool:
-    """Whether JSON ``text`` nests arrays/objects more than ``limit`` deep (brackets inside strings do
-    not count); a linear scan, no parsing, so a hostile depth costs nothing."""
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
+@dataclass(frozen=True)
+class GuardSettings:
+    """The proxy's own settings beside the request limits every served path shares (``limits``:
+    ``max_bytes``, ``max_depth``, ``timeout`` for the upstream's answer)."""
+
+    upstream: str
+    limits: ServeLimits
+    host: str = "127.0.0.1"
+    port: int = 5000
+    max_error_bytes: int = MAX_ERROR_BYTES  # an upstream error answer is cut to this
+    quiet: bool = False
 
 
-def check_request(method: str, path: str, headers: Any, limits: argparse.Namespace) -> tuple[int, str] | None:
+def check_request(method: str, path: str, headers: Any, limits: ServeLimits) -> tuple[int, str] | None:
     """(status, message) refusing a request from its line and headers alone, or None to read on."""
     route = urllib.parse.urlsplit(path).path
     if method == "GET":
         return None if route in GET_PATHS else (404, f"no such endpoint: GET {route}")
     if route != "/invocations":
         return 404, f"no such endpoint: POST {route}"
-    length = headers.get("Content-Length")
-    if length is None or not length.strip().isdigit():
-        return 411, "a Content-Length header is required"
-    if int(length) > limits.max_bytes:
-        return 413, f"the request body has {int(length):,} bytes, over the limit of {limits.max_bytes:,}"
-    kind = (headers.get("Content-Type") or "").split(";")[0].strip().lower()
-    if kind not in CONTENT_TYPES:
-        return 415, f"Content-Type must be one of {', '.join(CONTENT_TYPES)}, got {kind or 'none'!r}"
-    return None
+    return check_headers("POST", route, headers.get("Content-Length"), headers.get("Content-Type"), limits,
+                         accepted=CONTENT_TYPES)
 
 
-def check_body(body: bytes, content_type: str, limits: argparse.Namespace) -> tuple[int, str] | None:
-    """(status, message) refusing a read body, or None to forward it."""
+def check_body(body: bytes, content_type: str, limits: ServeLimits) -> tuple[int, str] | None:
+    """(status, message) refusing a read body (not UTF-8; JSON too deep), or None to forward it."""
     try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return 400, f"the request body is not UTF-8 (byte {exc.start})"
-    if content_type.startswith("application/json") and json_depth_exceeds(text, limits.max_depth):
-        return 400, f"the JSON body nests deeper than {limits.max_depth} levels"
+        check_text(body, limits, is_json=media_type(content_type) == "application/json")
+    except BadRequest as exc:
+        return exc.status, str(exc)
     return None
 
 
 class GuardHandler(BaseHTTPRequestHandler):
     server_version = "cascade-serve-guard"
-    limits: argparse.Namespace  # set on the subclass by make_server
+    settings: GuardSettings  # set on the subclass by make_server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
-        if not self.limits.quiet:
+        if not self.settings.quiet:
             super().log_message(format, *args)
 
     def _answer(self, status: int, body: bytes, content_type: str = "application/json",
@@ -109,52 +95,52 @@ class GuardHandler(BaseHTTPRequestHandler):
         self._answer(status, json.dumps({"error_code": code, "message": message}).encode(), close=close)
 
     def _forward(self, method: str, body: bytes | None) -> None:
-        up = urllib.parse.urlsplit(self.limits.upstream)
-        conn = http.client.HTTPConnection(up.hostname, up.port or 80, timeout=self.limits.timeout)
+        up = urllib.parse.urlsplit(self.settings.upstream)
+        conn = http.client.HTTPConnection(up.hostname, up.port or 80, timeout=self.settings.limits.timeout)
         headers = {"Content-Type": self.headers.get("Content-Type", "")} if body is not None else {}
         try:
             conn.request(method, self.path, body=body, headers=headers)
             reply = conn.getresponse()
-            cap = self.limits.max_error_bytes if reply.status >= 400 else None
+            cap = self.settings.max_error_bytes if reply.status >= 400 else None
             data = reply.read(cap) if cap is not None else reply.read()
             if cap is not None and reply.read(1):
                 data += b" ... (cut by the guard)"
             self._answer(reply.status, data, reply.getheader("Content-Type", "application/json"))
         except TimeoutError:
-            self._refuse(504, f"the model server did not answer within {self.limits.timeout:g} s")
+            self._refuse(504, f"the model server did not answer within {self.settings.limits.timeout:g} s")
         except OSError as exc:
             self._refuse(502, f"the model server is unreachable: {exc}")
         finally:
             conn.close()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        refused = check_request("GET", self.path, self.headers, self.limits)
+        refused = check_request("GET", self.path, self.headers, self.settings.limits)
         if refused:
             self._refuse(*refused)
         else:
             self._forward("GET", None)
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
-        refused = check_request("POST", self.path, self.headers, self.limits)
+        refused = check_request("POST", self.path, self.headers, self.settings.limits)
         if refused:
             self._refuse(*refused, close=True)  # the body was not read: the connection cannot be reused
             return
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        refused = check_body(body, self.headers.get("Content-Type", "").lower(), self.limits)
+        refused = check_body(body, self.headers.get("Content-Type", ""), self.settings.limits)
         if refused:
             self._refuse(*refused)
         else:
             self._forward("POST", body)
 
 
-def make_server(limits: argparse.Namespace) -> ThreadingHTTPServer:
-    handler = type("Handler", (GuardHandler,), {"limits": limits})
-    server = ThreadingHTTPServer((limits.host, limits.port), handler)
+def make_server(settings: GuardSettings) -> ThreadingHTTPServer:
+    handler = type("Handler", (GuardHandler,), {"settings": settings})
+    server = ThreadingHTTPServer((settings.host, settings.port), handler)
     server.daemon_threads = True
     return server
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> GuardSettings:
     p = argparse.ArgumentParser(prog="python -m pipeline.serving.mlflow_guard", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--upstream", required=True, help="the model server, e.g. http://127.0.0.1:5001")
@@ -170,17 +156,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     up = urllib.parse.urlsplit(args.upstream)
     if up.scheme != "http" or not up.hostname:
         p.error(f"--upstream must be an http://host:port URL, got {args.upstream!r}")
-    for name in ("max_bytes", "max_depth", "max_error_bytes", "timeout"):
-        if getattr(args, name) <= 0:
-            p.error(f"--{name.replace('_', '-')} must be > 0")
-    return args
+    if args.max_error_bytes <= 0:
+        p.error("--max-error-bytes must be > 0")
+    try:
+        limits = ServeLimits(max_bytes=args.max_bytes, max_depth=args.max_depth, timeout=args.timeout)
+    except ValueError as exc:  # ServeLimits.max_bytes must be a number > 0 ...
+        p.error(str(exc).replace("ServeLimits.", "--").replace("_", "-"))
+    return GuardSettings(args.upstream, limits, args.host, args.port, args.max_error_bytes, args.quiet)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    server = make_server(args)
-    print(f"serve_guard: http://{args.host}:{server.server_address[1]} -> {args.upstream} "
-          f"(bodies <= {args.max_bytes:,} bytes, JSON <= {args.max_depth} deep)", flush=True)
+    settings = parse_args(argv)
+    server = make_server(settings)
+    print(f"serve_guard: http://{settings.host}:{server.server_address[1]} -> {settings.upstream} "
+          f"(bodies <= {settings.limits.max_bytes:,} bytes, JSON <= {settings.limits.max_depth} deep)", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -26,8 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.sources import DataError, decode_image_bytes, image_header
-from pipeline.serving.limits import JSON_TYPE, ServeLimits, json_depth_exceeds, media_type
+from pipeline.data.sources import DataError, decode_image_bytes
+from pipeline.serving.limits import (
+    JSON_TYPE,
+    BadRequest,
+    ServeLimits,
+    check_count,
+    check_declared,
+    check_text,
+    declared_pixels,
+    media_type,
+)
 
 RAW_KEY = "image"  # what the guard wraps a raw image body into: {"image": "<base64>"}
 MAX_LISTED = 10
@@ -37,14 +46,6 @@ STAMP_KEY = "_cascade"  # what the guard adds to a request: {"arrived": monotoni
 MAX_NAME = 64
 
 
-class BadRequest(ValueError):
-    """A request the server answers with ``status`` (4xx) and this message."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def wrap_raw(body: bytes) -> bytes:
     """A raw image body as the JSON body the server's decoder reads (``{"image": base64}``)."""
     return b'{"image":"' + base64.b64encode(body) + b'"}'
@@ -52,12 +53,7 @@ def wrap_raw(body: bytes) -> bytes:
 
 def parse_json(body: bytes, limits: ServeLimits) -> Any:
     """JSON body -> object; a BadRequest for non-UTF-8, too deep or malformed JSON."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRequest(f"the request body is not UTF-8 (byte {exc.start})") from None
-    if json_depth_exceeds(text, limits.max_depth):
-        raise BadRequest(f"the JSON body nests deeper than {limits.max_depth} levels")
+    text = check_text(body, limits)
     try:
         return json.loads(text)
     except ValueError as exc:
@@ -81,22 +77,12 @@ def _b64(value: Any, where: str) -> bytes:
     return data
 
 
-def _declared(data: bytes) -> int:
-    try:
-        _, width, height = image_header(data)
-    except ValueError:
-        return 0  # no readable header: the decoder names the problem
-    return max(0, width) * max(0, height)
-
-
 def decode_images(items: Sequence[Any], shape: Sequence[int], limits: ServeLimits,
                   names: Sequence[str] | None = None) -> np.ndarray:
     """base64 PNG/JPEG strings -> uint8 (N, C, H, W); a BadRequest naming every bad item."""
     if not items:
         raise BadRequest("the request holds no images: send at least one")
-    if len(items) > limits.max_images:
-        raise BadRequest(f"the request holds {len(items)} images, over the limit of {limits.max_images} "
-                         f"per request", status=413)
+    check_count(len(items), limits)
     if names is None:
         names = [f"image {i}" for i in range(len(items))] if len(items) > 1 else ["image"]
     c, h, w = (int(v) for v in shape)
@@ -107,10 +93,7 @@ def decode_images(items: Sequence[Any], shape: Sequence[int], limits: ServeLimit
         except BadRequest as exc:
             errors.append(str(exc))
             blobs.append(b"")
-    declared = sum(min(_declared(b), limits.max_pixels) for b in blobs)
-    if declared > limits.max_request_pixels:
-        raise BadRequest(f"the request's images declare {declared:,} pixels in all (from their headers), "
-                         f"over the limit of {limits.max_request_pixels:,} per request", status=413)
+    check_declared([declared_pixels(b) for b in blobs], limits)
     images = []
     for name, blob in zip(names, blobs, strict=True):
         if not blob:
@@ -133,7 +116,7 @@ def _prefix_pixels(item: Any) -> int:
     head = item.split(",", 1)[1] if item.startswith("data:") and "," in item else item
     head = head[:1368]
     try:
-        return _declared(base64.b64decode(head[: len(head) // 4 * 4]))
+        return declared_pixels(base64.b64decode(head[: len(head) // 4 * 4]))
     except (binascii.Error, ValueError):
         return 0
 
@@ -145,13 +128,8 @@ def precheck(payload: Any, limits: ServeLimits) -> None:
     if not isinstance(payload, dict) or not isinstance(payload.get("images"), list):
         return
     items = payload["images"]
-    if len(items) > limits.max_images:
-        raise BadRequest(f"the request holds {len(items)} images, over the limit of {limits.max_images} "
-                         f"per request", status=413)
-    declared = sum(min(_prefix_pixels(item), limits.max_pixels) for item in items)
-    if declared > limits.max_request_pixels:
-        raise BadRequest(f"the request's images declare {declared:,} pixels in all (from their headers), "
-                         f"over the limit of {limits.max_request_pixels:,} per request", status=413)
+    check_count(len(items), limits)
+    check_declared([_prefix_pixels(item) for item in items], limits)
 
 
 def _frame(payload: dict[str, Any]) -> Any:
@@ -185,9 +163,7 @@ def decode_payload(payload: Any, shape: Sequence[int], limits: ServeLimits) -> n
             frame = _frame(payload)
         except (ValueError, TypeError) as exc:
             raise BadRequest(f"the dataframe cannot be read: {exc}") from None
-        if len(frame) > limits.max_images:
-            raise BadRequest(f"the request holds {len(frame)} images, over the limit of {limits.max_images} "
-                             f"per request", status=413)
+        check_count(len(frame), limits)
         try:
             return decode_frame(frame, shape, max_pixels=limits.max_pixels, max_bytes=limits.max_bytes,
                                 max_request_pixels=limits.max_request_pixels)

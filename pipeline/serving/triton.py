@@ -68,7 +68,8 @@ def model_config(max_batch_size: int, queue_delay_us: int, limits: ServeLimits, 
     and 40 ms without (docs/RESULTS.md "Serving"), so ``limits.max_queue`` and ``limits.timeout`` are
     not applied here: a flood waits in Triton's queue instead of getting a 503."""
     settings = {"onnx_dir": ONNX_DIR, "exits": "1" if exits else "0", "threads": str(threads),
-                "max_images": str(limits.max_images), "max_pixels": str(limits.max_pixels)}
+                "max_images": str(limits.max_images), "max_pixels": str(limits.max_pixels),
+                "max_request_pixels": str(limits.max_request_pixels)}
     params = "\n".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in settings.items())
     outputs = [("class_index", "TYPE_INT64"), ("class_name", "TYPE_STRING"), ("confidence", "TYPE_FP32"),
                ("exit", "TYPE_INT64"), ("macs", "TYPE_INT64")]

@@ -7,7 +7,10 @@ through the ONNX Runtime cascade with its early exits as one batch, and answers 
 
 This file runs in Triton's Python stub, in the environment ``scripts/setup_triton.sh`` builds (NumPy,
 ONNX Runtime and Pillow; no torch): it imports only torch-free project modules. The settings come from
-the model's ``config.pbtxt`` parameters, written by :func:`pipeline.serving.triton.write_repository`.
+the model's ``config.pbtxt`` parameters, written by :func:`pipeline.serving.triton.write_repository`;
+a request's images are held to the limits of every served path (:mod:`pipeline.serving.limits`: their
+count, each one's pixels and the request's, from the headers before decoding), while Triton's front
+bounds bodies and its queue.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any
 import numpy as np
 
 from pipeline.data.sources import DataError, decode_image_bytes
+from pipeline.registry.payload import MAX_REQUEST_PIXELS
+from pipeline.serving.limits import ServeLimits, check_count, check_declared, declared_pixels
 from pipeline.serving.onnx_engine import OnnxCascade
 
 MAGIC = (b"\x89PNG", b"\xff\xd8\xff")  # raw PNG/JPEG bytes (binary tensor extension); otherwise base64 text
@@ -47,17 +52,25 @@ def image_bytes(element: bytes) -> bytes:
         raise DataError("image is neither PNG/JPEG bytes nor their base64 text") from None
 
 
-def decode_request(elements: list[bytes], shape: tuple[int, int, int], max_images: int,
-                   max_pixels: int) -> np.ndarray:
-    """A request's images as uint8 ``(n, C, H, W)``, or :class:`DataError` naming the bad one."""
+def request_limits(settings: dict[str, str]) -> ServeLimits:
+    """The request limits the model's config carries (a repository written before it held
+    ``max_request_pixels`` gets the default)."""
+    return ServeLimits(max_images=int(settings["max_images"]), max_pixels=int(settings["max_pixels"]),
+                       max_request_pixels=int(settings.get("max_request_pixels", MAX_REQUEST_PIXELS)))
+
+
+def decode_request(elements: list[bytes], shape: tuple[int, int, int], limits: ServeLimits) -> np.ndarray:
+    """A request's images as uint8 ``(n, C, H, W)``; a ValueError (:class:`DataError` naming the bad
+    image, or the checker's :class:`~pipeline.serving.limits.BadRequest` for the request's budgets)."""
     if not elements:
         raise DataError("the request has no image")
-    if len(elements) > max_images:
-        raise DataError(f"the request has {len(elements)} images, over the limit of {max_images}")
+    check_count(len(elements), limits)
+    blobs = [image_bytes(e) for e in elements]
+    check_declared([declared_pixels(b) for b in blobs], limits)
     c, h, w = shape
-    return np.stack([decode_image_bytes(image_bytes(e), c, (h, w), max_pixels=max_pixels,
-                                        name=f"image {i}" if len(elements) > 1 else "image")
-                     for i, e in enumerate(elements)])
+    return np.stack([decode_image_bytes(b, c, (h, w), max_pixels=limits.max_pixels,
+                                        name=f"image {i}" if len(blobs) > 1 else "image")
+                     for i, b in enumerate(blobs)])
 
 
 def answer_arrays(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
@@ -77,8 +90,7 @@ class TritonPythonModel:
         self.engine = OnnxCascade(onnx_path(settings["onnx_dir"], args.get("model_repository", ".")),
                                   threads=int(settings.get("threads", "1")))
         self.exits = settings.get("exits", "1") == "1"
-        self.max_images = int(settings["max_images"])
-        self.max_pixels = int(settings["max_pixels"])
+        self.limits = request_limits(settings)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         import triton_python_backend_utils as pb_utils  # exists only inside Triton's stub
@@ -88,8 +100,8 @@ class TritonPythonModel:
             tensor = pb_utils.get_input_tensor_by_name(request, "image")
             try:
                 decoded.append(decode_request([bytes(e) for e in tensor.as_numpy().reshape(-1)],
-                                              self.engine.image_shape, self.max_images, self.max_pixels))
-            except DataError as exc:
+                                              self.engine.image_shape, self.limits))
+            except ValueError as exc:  # a DataError or a BadRequest: this request's fault alone
                 decoded.append(str(exc))
         good = [x for x in decoded if not isinstance(x, str)]
         rows = self.engine.recognize(np.concatenate(good), exits=self.exits) if good else []

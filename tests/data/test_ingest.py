@@ -82,6 +82,30 @@ def test_stage_refuses_a_nested_class_folder(tmp_path, store, monkeypatch, capsy
     assert not out.exists()
 
 
+def test_stage_names_every_skipped_file_in_its_line_and_metrics(tmp_path, store, monkeypatch, capsys):
+    root = image_folder(tmp_path / "imgs", {"cat": 25, "dog": 25})
+    Image.fromarray(np.full((8, 8), 90, np.uint8)).save(root / "dog" / "extra.webp", lossless=True)
+    (root / "cat" / "notes.txt").write_text("x")
+    (root / "dog" / ".DS_Store").write_bytes(b"\0")
+    status, out = run_ingest(tmp_path, store, monkeypatch, "mixed", source=f"imagefolder:{root}", image_size=8)
+    printed = capsys.readouterr().out.splitlines()[-1]
+    assert status == 0
+    assert printed.endswith("; skipped 2 (not images): cat/notes.txt, dog/.DS_Store")
+    metrics = json.loads((tmp_path / "mixed.json").read_text())
+    assert metrics["skipped_count"] == 2 and metrics["skipped"] == ["cat/notes.txt", "dog/.DS_Store"]
+    read = sum(metrics[f"{name}_count"] for name in SPLITS)
+    assert read == 51  # 50 PNGs and the WebP
+
+
+def test_stage_refuses_an_undecodable_webp_by_name_and_writes_nothing(tmp_path, store, monkeypatch, capsys):
+    root = image_folder(tmp_path / "imgs", {"cat": 25, "dog": 25})
+    (root / "dog" / "broken.webp").write_bytes(b"RIFF\x10\x00\x00\x00WEBPVP8 ")
+    status, out = run_ingest(tmp_path, store, monkeypatch, "broken", source=f"imagefolder:{root}", image_size=8)
+    errors = error_lines(capsys)
+    assert status != 0 and len(errors) == 1 and f"image file {root / 'dog' / 'broken.webp'}" in errors[0]
+    assert not out.exists() and not (tmp_path / "broken.json").exists()
+
+
 # -------------------------------------------------------------------------------- determinism
 
 

@@ -119,3 +119,13 @@ def test_module_1_strides_on_large_images_only():
     assert model.for_input(48).specs[0].stride == 2 and model.for_input(48).specs[1:] == model.specs[1:]
     assert model.for_input(48).specs[0].layers == model.specs[0].layers + STRIDE_EXTRA_LAYERS > model.specs[0].layers
     assert model.cascade_spec(3, 5, 64).modules[0].stride == 2
+
+
+def test_a_folder_of_webp_bmp_and_tiff_is_sampled_like_png(tmp_path):
+    root = folder(tmp_path / "f", (48, 40), True)
+    for i, path in enumerate(sorted(root.rglob("*.png"))):
+        Image.open(path).save(path.with_suffix((".webp", ".bmp", ".tiff")[i % 3]), lossless=True)
+        path.unlink()
+    (root / "a" / "notes.txt").write_text("not sampled")
+    choice = resolve_input(f"imagefolder:{root}", "auto", "auto")
+    assert (choice.channels, choice.image_size) == (3, 40) and "8 sampled images" in choice.reason

@@ -13,6 +13,7 @@ from pipeline.data.sources import (
     load_imagefolder,
     load_source,
     read_idx,
+    skipped_note,
 )
 
 
@@ -182,7 +183,7 @@ def test_imagefolder_hidden_sub_folder_is_skipped(tmp_path):
 def test_imagefolder_empty_class_is_named(tmp_path):
     root = make_folder(tmp_path / "imgs")
     (root / "empty").mkdir()
-    with pytest.raises(DataError, match="empty.*no PNG/JPEG"):
+    with pytest.raises(DataError, match="empty.*no images"):
         load_imagefolder(root, channels=1, image_size=12)
 
 
@@ -203,3 +204,72 @@ def test_class_names_are_nfc_and_free_of_control_characters(tmp_path: Path) -> N
         Image.fromarray(np.zeros((8, 8), dtype=np.uint8)).save(tmp_path / folder / "a.png")
     with pytest.raises(DataError, match="differ only in their Unicode form"):
         load_imagefolder(tmp_path, 1, 8)
+
+
+# ---------------------------------------------------------------- every file of an image folder accounted for
+
+
+def mixed_folder(root: Path) -> Path:
+    """Two classes in WebP, BMP, TIFF and GIF (each a flat grey whose value says its file), beside a stray
+    text file, a macOS .DS_Store, an EPS (Pillow runs Ghostscript for it), a README next to the class
+    folders and a hidden folder."""
+    values = {"cat/a.webp": 10, "cat/b.BMP": 60, "cat/c.tiff": 110, "dog/d.tif": 160, "dog/e.gif": 210,
+              "dog/f.webp": 250}
+    for name, value in values.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        extra = {"lossless": True} if name.endswith(".webp") else {}
+        Image.new("L", (9, 7), value).save(root / name, **extra)
+    (root / "cat" / "notes.txt").write_text("taken on Tuesday")
+    (root / "cat" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (root / "dog" / "logo.eps").write_text("%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\n")
+    (root / "README.md").write_text("my pets")
+    (root / ".git").mkdir()
+    return root
+
+
+def test_imagefolder_reads_every_pillow_format_and_names_what_it_skips(tmp_path):
+    data = load_imagefolder(mixed_folder(tmp_path / "imgs"), channels=1, image_size=9)
+    ids = list(data.train.ids)
+    assert sorted(ids) == ["cat/a.webp", "cat/b.BMP", "cat/c.tiff", "dog/d.tif", "dog/e.gif", "dog/f.webp"]
+    expected = {"cat/a.webp": 10, "cat/b.BMP": 60, "cat/c.tiff": 110, "dog/d.tif": 160, "dog/e.gif": 210,
+                "dog/f.webp": 250}
+    for name, value in expected.items():
+        assert (data.train.images[ids.index(name)] == value).all(), name
+    assert data.skipped == (".git/", "README.md", "cat/.DS_Store", "cat/notes.txt", "dog/logo.eps")
+
+
+def test_imagefolder_of_png_and_jpeg_skips_nothing(tmp_path):
+    assert load_imagefolder(make_folder(tmp_path / "imgs"), channels=1, image_size=12).skipped == ()
+    assert load_digits(8).skipped is None  # no folder, nothing to account for
+
+
+def test_imagefolder_hidden_sub_folder_is_named_as_skipped(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    (root / "cat" / ".ipynb_checkpoints").mkdir()
+    Image.new("L", (8, 8), 50).save(root / "cat" / ".ipynb_checkpoints" / "0-checkpoint.png")
+    assert load_imagefolder(root, channels=1, image_size=12).skipped == ("cat/.ipynb_checkpoints/",)
+
+
+@pytest.mark.parametrize("name", ["broken.webp", "broken.bmp", "broken.tiff", "text.gif"])
+def test_imagefolder_refuses_an_undecodable_file_of_an_image_suffix_by_name(tmp_path, name):
+    root = mixed_folder(tmp_path / "imgs")
+    good = {"broken.webp": "cat/a.webp", "broken.bmp": "cat/b.BMP", "broken.tiff": "cat/c.tiff"}
+    bad = root / "dog" / name
+    bad.write_bytes((root / good[name]).read_bytes()[:20] if name in good else b"just some words")
+    with pytest.raises(DataError, match=f"image file {bad} cannot be decoded"):
+        load_imagefolder(root, channels=1, image_size=9)
+
+
+def test_an_image_less_class_folder_says_what_it_holds(tmp_path):
+    root = make_folder(tmp_path / "imgs")
+    (root / "notes").mkdir()
+    (root / "notes" / "a.txt").write_text("x")
+    with pytest.raises(DataError, match=r"notes holds no images \(PNG, JPEG, WebP.*; it holds a.txt$"):
+        load_imagefolder(root, channels=1, image_size=12)
+
+
+def test_the_skipped_note_names_ten_and_counts_the_rest():
+    assert skipped_note(None, "m.json") == "" and skipped_note((), "m.json") == ""
+    assert skipped_note(("a.txt",), "m.json") == "; skipped 1 (not images): a.txt"
+    note = skipped_note(tuple(f"{i}.txt" for i in range(12)), "m.json")
+    assert note.endswith("9.txt and 2 more (all in m.json 'skipped')") and "10.txt" not in note

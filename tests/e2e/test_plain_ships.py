@@ -1,4 +1,5 @@
-"""What ships when a plain CNN beats the cascade on held-out images (issue 37): calibrate writes it into
+"""What ships when a plain CNN beats the cascade on held-out images (docs/DESIGN.md "Your own data"):
+calibrate writes it into
 models/cascade as a one-module model, evaluate still reads the cascade (rebuilt from the modules and
 calibrate's fit) and judges the plain CNN's dominance, register registers it, the CLI answers with it.
 

@@ -70,7 +70,8 @@ def test_pyfunc_kwargs_carry_the_package_without_caches(tmp_path: Path) -> None:
     assert copied == shipped and "registry/mlflow_models.py" in copied and "io.py" in copied
     assert not list(code.rglob("__pycache__"))
     assert kwargs["artifacts"] == {"cascade": str(tmp_path / "model")} and kwargs["code_paths"] == [str(code)]
-    assert type(kwargs["python_model"]).__name__ == "CascadeModel"
+    assert kwargs["python_model"] == str(mlflow_models.MODEL_CODE)  # code, not an object to pickle
+    assert mlflow_models.MODEL_CODE.is_file() and "set_model(CascadeModel())" in mlflow_models.MODEL_CODE.read_text()
     assert kwargs["input_example"] == {"image": ["x"]}
     assert [c.required for c in kwargs["signature"].inputs.inputs] == [False]
     assert [c.required for c in kwargs["signature"].outputs.inputs] == [True]

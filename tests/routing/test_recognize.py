@@ -130,7 +130,7 @@ def test_recognize_files_with_nothing_to_answer(loaded: LoadedCascade, tmp_path:
 def test_collect_expands_folders_recursively_and_sorted(tmp_path: Path) -> None:
     for name in ("b.png", "A.PNG", "sub/c.JPG", "sub/deeper/d.jpeg"):
         write_png(tmp_path / "imgs" / name, (4, 4))
-    for name in ("sub/e.gif", "notes.txt"):  # not PNG/JPEG suffixes: left out of a folder
+    for name in ("sub/e.pdf", "notes.txt"):  # no suffix of a format Pillow reads: left out of a folder
         (tmp_path / "imgs" / name).write_text("x")
     files, errors = collect_image_paths([tmp_path / "imgs"])
     rel = [p.relative_to(tmp_path / "imgs").as_posix() for p in files]

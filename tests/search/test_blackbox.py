@@ -194,7 +194,8 @@ def test_converged_model_restarts_and_keeps_searching(space: SearchSpace) -> Non
     def evaluate(a):
         return 100.0 if a == best else float(sum(space.index(a)))
 
-    # the default before issue 40 (no picks around the best archs, which would walk out of the basin)
+    # the default before the picks around the best archs (docs/RESULTS.md "Method B on its own"): no picks
+    # around the best, which would walk out of the basin
     restarted = search(space, evaluate, budget=256, seed=2, stop=lambda e: e.value == 100.0, restart_after=10,
                        around=0.0)
     assert restarted.best_value == 100.0 and restarted.stopped == "stop"

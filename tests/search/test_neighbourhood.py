@@ -1,4 +1,5 @@
-"""Issue 40's picks around the restart's best archs (pipeline.search.neighbourhood) and the tree model
+"""Method B's picks around the restart's best archs (docs/RESULTS.md "Method B against the NAS baselines";
+pipeline.search.neighbourhood) and the tree model
 (pipeline.search.treemodel), and their settings in the ask/tell searcher."""
 
 from __future__ import annotations

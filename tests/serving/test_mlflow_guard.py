@@ -11,7 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipeline.serving.mlflow_guard import json_depth_exceeds, make_server, parse_args
+from pipeline.serving.limits import ServeLimits, json_depth_exceeds
+from pipeline.serving.mlflow_guard import GuardSettings, check_request, make_server, parse_args
 
 
 class EchoUpstream(BaseHTTPRequestHandler):
@@ -120,3 +121,18 @@ def test_an_unreachable_model_server_is_a_502() -> None:
         assert status == 502 and "unreachable" in json.loads(answer)["message"]
     finally:
         server.shutdown()
+
+
+def test_the_guard_checks_with_the_served_paths_limits() -> None:
+    """One limits type: the flags become a ServeLimits, checked by the one request checker."""
+    settings = parse_args(["--upstream", "http://127.0.0.1:1", "--max-bytes", "100", "--max-depth", "4",
+                           "--timeout", "2.5"])
+    assert isinstance(settings, GuardSettings)
+    assert settings.limits == ServeLimits(max_bytes=100, max_depth=4, timeout=2.5)
+    assert check_request("POST", "/invocations", {"Content-Length": "0", "Content-Type": "text/csv"},
+                         settings.limits) == (400, "the request body is empty (send one of: application/json, "
+                                                   "text/csv)")
+    assert check_request("POST", "/invocations?x=1", {"Content-Length": "5", "Content-Type": "text/csv"},
+                         settings.limits) is None
+    with pytest.raises(SystemExit):
+        parse_args(["--upstream", "http://127.0.0.1:1", "--max-depth", "0"])

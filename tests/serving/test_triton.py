@@ -8,6 +8,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 from pipeline.data.sources import DataError
 from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import recognize_arrays
-from pipeline.serving.limits import ServeLimits
+from pipeline.serving.limits import BadRequest, ServeLimits
 from pipeline.serving.triton import (
     CODE_DIR,
     INFER_PATH,
@@ -32,7 +33,7 @@ from pipeline.serving.triton import (
     triton_home,
     write_repository,
 )
-from pipeline.serving.triton_backend import decode_request, image_bytes, onnx_path, parameters
+from pipeline.serving.triton_backend import decode_request, image_bytes, onnx_path, parameters, request_limits
 from tests.routing.test_package import uint8_images
 from tests.serving.test_requests import png
 
@@ -66,15 +67,28 @@ def test_an_element_is_raw_image_bytes_or_their_base64() -> None:
 
 def test_a_request_is_decoded_with_its_limits_naming_the_bad_image() -> None:
     good = png(np.full((8, 8), 200, dtype=np.uint8))
-    assert decode_request([good, good], (1, 4, 4), max_images=2, max_pixels=100).shape == (2, 1, 4, 4)
-    with pytest.raises(DataError, match="3 images, over the limit of 2"):
-        decode_request([good] * 3, (1, 4, 4), max_images=2, max_pixels=100)
+    limits = ServeLimits(max_images=2, max_pixels=100)
+    assert decode_request([good, good], (1, 4, 4), limits).shape == (2, 1, 4, 4)
+    with pytest.raises(BadRequest, match="3 images, over the limit of 2") as caught:
+        decode_request([good] * 3, (1, 4, 4), limits)
+    assert caught.value.status == 413
     with pytest.raises(DataError, match="^image 1 "):
-        decode_request([good, b"\x89PNG broken"], (1, 4, 4), max_images=2, max_pixels=100)
+        decode_request([good, b"\x89PNG broken"], (1, 4, 4), limits)
     with pytest.raises(DataError, match="image"):
-        decode_request([good], (1, 4, 4), max_images=2, max_pixels=10)  # 64 pixels over 10
+        decode_request([good], (1, 4, 4), ServeLimits(max_images=2, max_pixels=10))  # 64 pixels over 10
     with pytest.raises(DataError, match="no image"):
-        decode_request([], (1, 4, 4), max_images=2, max_pixels=100)
+        decode_request([], (1, 4, 4), limits)
+    with pytest.raises(BadRequest, match="declare 128 pixels in all"):  # two 8 x 8 headers, 100 allowed
+        decode_request([good, good], (1, 4, 4), ServeLimits(max_images=2, max_request_pixels=100))
+
+
+def test_the_backend_reads_its_limits_from_the_config() -> None:
+    limits = ServeLimits(max_images=5, max_pixels=999, max_request_pixels=4000)
+    text = model_config(32, 250, limits, exits=False)
+    settings = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', text))
+    assert request_limits(settings) == ServeLimits(max_images=5, max_pixels=999, max_request_pixels=4000)
+    del settings["max_request_pixels"]  # a repository written before the key: the default
+    assert request_limits(settings).max_request_pixels == ServeLimits().max_request_pixels
 
 
 def test_the_model_config_carries_the_batcher_and_the_settings() -> None:
