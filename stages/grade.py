@@ -14,7 +14,7 @@ from pipeline.data.grader_store import GRADER_FILE, save_grader
 from pipeline.data.grading import grade
 from pipeline.data.validation import validate_grading
 from pipeline.io import atomic_path, load_split, read_json, write_json
-from pipeline.params.config import GradeConfig, TrackingConfig
+from pipeline.params.config import GradeConfig, ParamsRecord, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.report.plots import level_examples, score_histogram
 from stages.common import StageFailed, cli, params_of, parser
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     classes = meta["classes"]
     train = load_split(args.data, "train")
     with stage_run("grade", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"grade": params["grade"], "seed": cfg.seed}) as run:
+                   params={"grade": ParamsRecord.from_params(params).of("grade"), "seed": cfg.seed}) as run:
         with tqdm(total=cfg.folds + 2, desc=f"grade ({cfg.scorer}, {cfg.folds} folds)", unit="fit") as bar:
             grading, model = grade(train.images, train.labels, train.ids, cfg, progress=bar)
         scores = pd.DataFrame({"id": grading.ids.astype(str), "label": grading.labels,

@@ -18,8 +18,7 @@ from pipeline.device import ComputeConfig, autocast, prefix_to
 from pipeline.io import atomic_path, load_split, write_json
 from pipeline.models.profile import LATENCY_FILE, CostModel
 from pipeline.models.store import load_module
-from pipeline.params.config import TrackingConfig, section
-from pipeline.params.settings import settings
+from pipeline.params.config import SearchConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.candidates import (
@@ -50,8 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
-    s = settings(params, "search")  # checked with the params file (spread 0 or >= 2 included)
-    seed = int(params.get("seed", 0))
+    s = SearchConfig.from_params(params)  # checked with the params file (spread 0 or >= 2 included)
+    seed = s.seed
     cfg = module_train_config(params, name, seed)
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()
@@ -66,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                                           s.spread, rng)
     features, labels = prefix_features(prefix, route.images, route.labels, device, compute.precision)
     with stage_run(f"search@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"search": dict(section(params, "search")), "module": k, "sampler": cfg.sampler}) as run:
+                   params={"search": s.section(), "module": k, "sampler": cfg.sampler}) as run:
         with autocast(device, compute.precision):
             rows, spread_rows = (evaluate_candidates(module, features, labels, group,
                                                      macs_of=lambda a: costs.macs(k, a),

@@ -14,8 +14,7 @@ from pipeline.device import ComputeConfig, autocast, cpu_state_dict, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
-from pipeline.params.config import TrackingConfig, section
-from pipeline.params.settings import settings
+from pipeline.params.config import SelectConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.features import candidate_outputs, split_features
@@ -37,11 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     k, name = args.module, f"m{args.module}"
-    s = section(params, "select")
-    cfg = settings(params, "select")  # checked with the params file: every key present, in range
+    cfg = SelectConfig.from_params(params)  # checked with the params file: every key present, in range
     mode, hidden, epochs, max_share = cfg.mode, cfg.hidden, cfg.epochs, float(cfg.max_macs_share)
     fallback_tolerance, scoring, pool, delta = float(cfg.fallback_tolerance), cfg.scoring, cfg.pool, float(cfg.delta)
-    seed = int(params.get("seed", 0))
+    seed = cfg.seed
     compute = ComputeConfig.from_params(params)
     device = compute.resolve()
     costs = CostModel(read_json(args.profile))
@@ -57,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         c_correct, _, _ = candidate_outputs(module, calib_h, calib_y, archs)
     selection, metrics, static = static_selection(k, mode, archs, macs, c_correct, delta)
     with stage_run(f"select@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"select": dict(s), "module": k}) as run, \
+                   params={"select": cfg.section(), "module": k}) as run, \
             atomic_path(args.models / name / "select", is_dir=True) as tmp:
         if mode == "testset" or len(archs) == 1:
             selection["mode"] = "testset" if len(archs) > 1 else "single"

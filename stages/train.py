@@ -28,7 +28,7 @@ from pipeline.device import ComputeConfig, prefix_to
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.models.config import ModelConfig
 from pipeline.models.profile import LATENCY_FILE, CostModel
-from pipeline.params.config import ConfigError, TrackingConfig
+from pipeline.params.config import ConfigError, RunConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.assemble import load_prefix
 from pipeline.train import distributed
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     model_cfg = ModelConfig.from_params(params)
     if not 1 <= k <= len(model_cfg.specs):
         raise ConfigError(f"--module {k}: the cascade has modules 1..{len(model_cfg.specs)}")
-    seed = int(params.get("seed", 0))
+    seed = RunConfig.from_params(params).seed
     cfg = module_train_config(params, name, seed)
     if cfg.processes > 1 and not distributed.launched_by_torchrun():  # data-parallel: rerun as N ranks
         if distributed.run_ranks(cfg.processes, "stages.train", argv, f"train@{name}") != 0:

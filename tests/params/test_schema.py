@@ -354,7 +354,7 @@ def test_settings_give_every_key_of_a_section_with_the_schema_defaults() -> None
     assert (s.mode, s.pool, s.hidden, s.scoring, s.delta) == ("testset", 2, 16, "label", 0.003)
     with pytest.raises(AttributeError):
         s.mode = "predictor"  # frozen: read, never changed
-    assert settings({}, "calibrate").ensemble_decays == [0.0]
+    assert settings({}, "calibrate").ensemble_decays == [0.0, 0.25, 0.5, 1.0]
     with pytest.raises(ParamsError, match="register.model_name is missing"):
         settings({"register": {}}, "register")
 
