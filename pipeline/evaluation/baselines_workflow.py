@@ -1,6 +1,7 @@
 """The baselines stage's workflow (``stages.baselines`` parses, calls :func:`train_baselines`, writes and
 prints): the small and the large plain CNN trained on the whole train split, read on the held-out images,
-and the two chained (small first) calibrated there by the cascade's own rule (docs/DESIGN.md "Baselines").
+and the two chained (small first) calibrated there by the cascade's own rule
+(docs/DESIGN.md "Stages and workflows").
 Never reads the test split."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Calibrate's workflow (``stages.calibrate`` parses, calls :func:`calibrate_cascades`, writes and prints):
 the exit thresholds of the three routings fitted on the held-out images, the fixed cascade's budget twin
 at the selected cascade's cost, and the held-out ship decision between the calibrated cascade and the
-run's plain CNNs (docs/DESIGN.md "Calibration")."""
+run's plain CNNs (docs/DESIGN.md "Stages and workflows")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Evaluate's workflow (``stages.evaluate`` parses, calls :func:`evaluate_models`, writes and prints): load
 the shipped model and its baselines, the test split (read here only) and the held-out images the curves
 are fitted on as calibrate fits, and run :func:`pipeline.evaluation.suite.evaluation_suite`
-(docs/DESIGN.md "Evaluation")."""
+(docs/DESIGN.md "Stages and workflows")."""
 
 from __future__ import annotations
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.io import Split, save_split, write_json
-from tests.routing.test_assemble import costs, write_models
+from pipeline.models.cascade import feature_shapes
+from tests.routing.test_assemble import SPEC, costs, write_models
 
 CLASSES = ("a", "b", "c")
 
@@ -38,5 +39,8 @@ def write_modules(root: Path) -> tuple[Path, Path]:
     """models/m1..m3 (the routing tests' cascade) and its cost model JSON."""
     models = write_models(root / "models")
     profile = root / "profile.json"
-    write_json(profile, costs().table)
+    table = costs().table
+    for m, shape in zip(table["modules"], feature_shapes(SPEC), strict=False):  # one more: the last output
+        m["input_shape"] = list(shape)  # what profile records and the train stage reads
+    write_json(profile, table)
     return models, profile

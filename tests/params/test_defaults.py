@@ -1,5 +1,5 @@
 """Each default is written once, in the schema, and it is what ``params.yaml`` ships: a params file
-without a key gets the rule the README calls the default (docs/DESIGN.md "Params")."""
+without a key gets the rule the README calls the default (docs/DESIGN.md "Stages and workflows")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Stages read params only through the typed configs (``XConfig.from_params(params)``): never
 ``params.get(...)``, ``params[...]`` or a raw section, and never the schema's readers themselves, so a
-default cannot be restated in a stage (docs/DESIGN.md "Params")."""
+default cannot be restated in a stage (docs/DESIGN.md "Stages and workflows")."""
 
 from __future__ import annotations
 
