@@ -265,9 +265,9 @@ def test_schema_enums_match_the_library():
         UTILITIES,
     )
     from pipeline.routing import calibration, predictor
+    from pipeline.routing import select_workflow as select
     from pipeline.search import probmodel
     from pipeline.train import config as loop
-    from stages import select
 
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS
     assert CONFIDENCES == modules.CONFIDENCE_KINDS and REFERENCES == calibration.REFERENCES
