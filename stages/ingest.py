@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 from pipeline.data.input_shape import resolve_input
-from pipeline.data.sources import DEFAULT_MAX_PIXELS, DataError, load_source, skipped_note
+from pipeline.data.sources import DataError, load_source, skipped_note
 from pipeline.data.splits import SplitPlan, check_class_coverage, make_splits, split_meta
 from pipeline.io import atomic_path, save_split, write_json
-from pipeline.params.config import DataConfig, TrackingConfig
+from pipeline.params.config import DataConfig, ParamsRecord, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from stages.common import cli, params_of, parser
 
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = DataConfig.from_params(params)
     started = time.perf_counter()
     with stage_run("ingest", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"data": params["data"], "seed": cfg.seed}) as run:
-        max_pixels = params["data"].get("max_pixels", DEFAULT_MAX_PIXELS)  # schema-checked
+                   params={"data": ParamsRecord.from_params(params).of("data"), "seed": cfg.seed}) as run:
+        max_pixels = cfg.max_pixels
         choice = resolve_input(cfg.source, cfg.image_size, cfg.channels, max_pixels)
         print(f"ingest: {choice.reason}", flush=True)
         data = load_source(cfg.source, channels=choice.channels, image_size=choice.image_size,

@@ -13,7 +13,7 @@ from pipeline.device import ComputeConfig
 from pipeline.io import read_json, write_json
 from pipeline.models.config import STRIDE_ABOVE, ModelConfig
 from pipeline.models.profile import LATENCY_FILE, CostModel, profile_cascade, split_profile
-from pipeline.params.config import ProfileConfig, TrackingConfig
+from pipeline.params.config import ParamsRecord, ProfileConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from stages.common import cli, params_of, parser
 
@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     latency_out = args.latency or args.root / LATENCY_FILE
     params = params_of(args)
     model, cfg = ModelConfig.from_params(params), ProfileConfig.from_params(params)
+    record = ParamsRecord.from_params(params)  # what MLflow logs: the sections as written
     device = ComputeConfig.from_params(params).resolve()  # latencies on it; MACs never depend on it
     meta = read_json(args.data / "meta.json")
     channels, size = meta["image_shape"][0], meta["image_shape"][1]
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
               f"{spec.modules[0].stride} (feature maps {spec.modules[0].channels}x{(size + 1) // 2}x"
               f"{(size + 1) // 2}) with {spec.modules[0].layers} layers before its exit", flush=True)
     with stage_run("profile", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"modules": params["modules"], "profile": params.get("profile", {}),
+                   params={"modules": record.of("modules"), "profile": record.of("profile", optional=True),
                            "device": str(device)}) as run:
         with tqdm(total=len(spec.modules), desc="profile modules", unit="module") as bar:
             table = profile_cascade(spec, seed=cfg.seed, repeats=cfg.repeats, batch_sizes=cfg.batch_sizes,

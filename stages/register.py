@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.io import load_split, read_json, write_json
-from pipeline.params.config import TrackingConfig
+from pipeline.params.config import ParamsRecord, TrackingConfig
 from pipeline.registry.register import (
     GATE_METRICS,
     RegisterConfig,
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, required=True, help="metrics JSON: the gate decision and its reasons")
     args = p.parse_args(argv)
     params = params_of(args)
-    cfg = RegisterConfig.from_params(params)
+    cfg, record = RegisterConfig.from_params(params), ParamsRecord.from_params(params)
     evaluated = read_json(args.metrics_in)
     shipped = (evaluated.get("shipped") or {}).get("model", "cascade")
     figures = evaluated.get("cascade") if shipped == "cascade" else evaluated.get("shipped")
@@ -69,11 +69,11 @@ def main(argv: list[str] | None = None) -> None:
     test_file = args.data / "test.npz"
     own = input_hashes({_name(path, args.root): path for path in (args.model, args.metrics_in, test_file)})
     tags = lineage_tags(args.root, args.lock or args.root / "dvc.lock", candidate, inputs=own,
-                        params={args.params.name: {"register": params["register"]}})
+                        params={args.params.name: {"register": record.of("register")}})
     example = image_frame(load_split(args.data, "test").images[:1])
     classes = read_json(args.model / "cascade.json")["meta"]["classes"]  # what the gate compares first
     with stage_run("register", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"register": params["register"], "model": str(args.model)}) as run:
+                   params={"register": record.of("register"), "model": str(args.model)}) as run:
         model_uri = log_version(args.model, example)
         decision = promote(cfg, model_uri, candidate, tags, curve=curve, root=args.root,
                            record=lambda d: write_json(args.out, d.to_dict()), classes=classes,

@@ -11,7 +11,7 @@ from pathlib import Path
 from pipeline.data.splits import SPLITS
 from pipeline.data.validation import validate_splits
 from pipeline.io import atomic_path, load_split, read_json, write_json
-from pipeline.params.config import TrackingConfig, ValidateConfig
+from pipeline.params.config import ParamsRecord, TrackingConfig, ValidateConfig
 from pipeline.registry.tracking import stage_run
 from stages.common import StageFailed, cli, params_of, parser
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = read_json(args.data / "meta.json")
     splits = {name: load_split(args.data, name) for name in SPLITS}
     with stage_run("validate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
-                   params={"validate": params["validate"]}) as run:
+                   params={"validate": ParamsRecord.from_params(params).of("validate")}) as run:
         with atomic_path(args.out, is_dir=True) as tmp, atomic_path(args.docs, is_dir=True) as docs_tmp:
             results = validate_splits(splits, meta, cfg, docs_dir=docs_tmp)
             for name, res in results.items():

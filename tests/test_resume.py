@@ -318,6 +318,7 @@ def test_killed_train_stage_resumes_and_cleans_up(store: Path, monkeypatch: pyte
     from mlflow import MlflowClient
 
     from pipeline.registry.tracking import default_tracking_uri
+    from pipeline.routing import train_workflow  # the stage's workflow: it calls train_module
     from stages import search
     from stages import train as stage
 
@@ -338,7 +339,7 @@ def test_killed_train_stage_resumes_and_cleans_up(store: Path, monkeypatch: pyte
 
     root = store / "killed"
     argv = _tiny_repo(root)
-    real = stage.train_module
+    real = train_workflow.train_module
 
     def killed_after_epoch_2(*args, on_epoch, **kwargs):
         def hook(epoch, *rest):
@@ -347,10 +348,10 @@ def test_killed_train_stage_resumes_and_cleans_up(store: Path, monkeypatch: pyte
                 raise KeyboardInterrupt  # Ctrl-C / SIGTERM right after epoch 2's checkpoint
         return real(*args, on_epoch=hook, **kwargs)
 
-    monkeypatch.setattr(stage, "train_module", killed_after_epoch_2)
+    monkeypatch.setattr(train_workflow, "train_module", killed_after_epoch_2)
     with pytest.raises(KeyboardInterrupt):
         stage.main(argv)
-    monkeypatch.setattr(stage, "train_module", real)
+    monkeypatch.setattr(train_workflow, "train_module", real)
     caches = list((root / ".cache" / "train").iterdir())
     assert len(caches) == 1 and [p.name for p in caches[0].iterdir()] == ["epoch_0002.pt"]
     assert not (root / "models" / "m1" / "train").exists()

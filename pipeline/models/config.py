@@ -46,6 +46,12 @@ class ModelConfig:
         confidence = settings(params, "model").confidence
         return cls(names, tuple(specs), confidence)
 
+    def check_module(self, k: int) -> int:
+        """``k`` if the cascade has a module k (1-based), else a ConfigError naming the range."""
+        if not 1 <= k <= len(self.specs):
+            raise ConfigError(f"--module {k}: the cascade has modules 1..{len(self.specs)}")
+        return k
+
     def for_input(self, image_size: int) -> ModelConfig:
         """The modules for images of ``image_size`` px: above ``STRIDE_ABOVE``, module 1 enters at stride 2
         (its transition halves the side, so 48 px costs what 24 px does) and, a fixed module, runs

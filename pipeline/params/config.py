@@ -3,9 +3,10 @@ reads the params file itself. Every check raises :class:`ConfigError` naming the
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import yaml
 
 from pipeline.params.choices import ConfigError
 from pipeline.params.schema import check_params as _check_schema
-from pipeline.params.settings import settings, top_level
+from pipeline.params.settings import schema_default, settings, top_level
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -107,6 +108,7 @@ class DataConfig:
     test_fraction: float
     max_train: int | None
     max_test: int | None
+    max_pixels: int  # the largest image the decoder opens
     seed: int
 
     @classmethod
@@ -137,7 +139,7 @@ class GradeConfig:
     max_iter: int
     knn_neighbors: int
     seed: int
-    level_weight: int = 2  # weighted curriculum: how often module k sees level k per epoch (others once)
+    level_weight: int = schema_default("grade", "level_weight")  # weighted: module k sees level k this often
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> GradeConfig:
@@ -162,3 +164,110 @@ class ProfileConfig:
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> ProfileConfig:
         return _build(cls, settings(params, "profile"), seed=top_level(params, "seed"))
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The top-level keys: the run's seed (each stage offsets it for its own draws)."""
+
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> RunConfig:
+        return cls(seed=top_level(params, "seed"))
+
+
+@dataclass(frozen=True)
+class ConfidenceConfig:
+    """The ``model`` section: how an exit's confidence is read off its logits (maxprob or margin)."""
+
+    confidence: str
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ConfidenceConfig:
+        return _build(cls, settings(params, "model"))
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The ``search`` section (method B's final pick per supernet) and the run's seed."""
+
+    samples: int
+    pareto_max: int
+    spread: int  # 0, or >= 2 extra subnets spread over the whole cost range
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> SearchConfig:
+        return _build(cls, settings(params, "search"), seed=top_level(params, "seed"))
+
+    def section(self) -> dict[str, Any]:
+        """The section's values (the seed is a top-level key), as logged with the run."""
+        return {k: v for k, v in asdict(self).items() if k != "seed"}
+
+
+@dataclass(frozen=True)
+class SelectConfig:
+    """The ``select`` section (static choice and routing predictor per supernet) and the run's seed."""
+
+    mode: str
+    delta: float
+    hidden: int
+    epochs: int
+    balanced: bool
+    fallback_tolerance: float
+    max_macs_share: float
+    scoring: str
+    pool: int
+    seed: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> SelectConfig:
+        return _build(cls, settings(params, "select"), seed=top_level(params, "seed"))
+
+    def section(self) -> dict[str, Any]:
+        """The section's values (the seed is a top-level key), as logged with the run."""
+        return {k: v for k, v in asdict(self).items() if k != "seed"}
+
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """The ``calibrate`` section: how exit thresholds are fitted on the held-out images. Fields in the
+    schema's order, the order :meth:`section` records them in each cascade's manifest."""
+
+    mode: str  # delta | budget
+    delta: float
+    budget_macs: float | None
+    grid: int
+    reference: str
+    ensemble_decays: tuple[float, ...]
+    bound_z: float
+    held_out: str  # pooled (route + calib) | calib
+    min_reach: float
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> CalibrateConfig:
+        return _build(cls, settings(params, "calibrate"))
+
+    def section(self) -> dict[str, Any]:
+        """The values as a params section (what a manifest records and MLflow logs)."""
+        return {**asdict(self), "ensemble_decays": list(self.ensemble_decays)}
+
+
+@dataclass(frozen=True)
+class ParamsRecord:
+    """Sections as the params file wrote them (``dvc.lock``'s shape), for lineage records only: what a
+    model's manifest or a registered version says it was made from. Never read for values: the typed
+    configs above are (each default lives once, in :mod:`pipeline.params.schema`)."""
+
+    sections: Mapping[str, Any]
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ParamsRecord:
+        return cls(copy.deepcopy(dict(params)))
+
+    def of(self, name: str, *, optional: bool = False) -> Any:
+        """Section ``name`` as written (a copy). Absent: a KeyError naming it, or ``{}`` if ``optional``."""
+        if name not in self.sections and not optional:
+            raise KeyError(f"params section {name!r} is missing: the lineage record needs it")
+        return copy.deepcopy(self.sections.get(name) or {})

@@ -52,7 +52,7 @@ UTILITIES = ("rank", "elite", "softmax")  # pipeline.search.probmodel.UTILITIES
 PICKS = ("entropy", "greedy", "plain")  # pipeline.search.picks.PICKS
 CONFIDENCES = ("maxprob", "margin")  # pipeline.models.modules.CONFIDENCE_KINDS
 REFERENCES = ("last", "best")  # pipeline.routing.calibration.REFERENCES
-SELECT_MODES = ("predictor", "testset")  # stages.select.MODES
+SELECT_MODES = ("predictor", "testset")  # pipeline.routing.select_workflow.MODES
 SELECT_SCORINGS = ("label", "p_right")  # pipeline.routing.predictor.SCORINGS
 CALIBRATE_MODES = ("delta", "budget")
 HELD_OUT = ("pooled", "calib")  # pipeline.io.HELD_OUT
@@ -65,7 +65,7 @@ DATA = {
                   pattern_doc="fashion-mnist, fashion-mnist:<dir>, idx:<dir>, imagefolder:<dir> or digits"),
     "image_size": Int(required=True, ge=4, le=512, auto=True,
                       doc="auto: the images' median shorter side, at most 64 (pipeline.data.input_shape)"),
-    "channels": Int(choices=(1, 3), default=1, auto=True, doc="auto: 3 if the images carry colour, else 1"),
+    "channels": Int(choices=(1, 3), default="auto", auto=True, doc="auto: 3 if the images carry colour, else 1"),
     "val_fraction": Fraction(required=True),
     "route_fraction": Fraction(default=0.5),
     "test_fraction": Fraction(default=0.2),
@@ -76,10 +76,10 @@ DATA = {
 
 VALIDATE = {
     "class_share_tolerance": Number(required=True, ge=0, le=1),
-    "pixel_mean_min": Number(ge=0, le=255, default=0.0),
-    "pixel_mean_max": Number(ge=0, le=255, default=255.0),
-    "min_pixel_std": Number(ge=0, default=0.0),
-    "max_duplicate_share": Number(ge=0, le=1, default=0.0),
+    "pixel_mean_min": Number(ge=0, le=255, default=1.0),
+    "pixel_mean_max": Number(ge=0, le=255, default=254.0),
+    "min_pixel_std": Number(ge=0, default=1.0),
+    "max_duplicate_share": Number(ge=0, le=1, default=0.01),
 }
 
 
@@ -94,7 +94,7 @@ GRADE = {
     "pca_components": Int(ge=1, default=50),
     "folds": Int(ge=2, le=20, default=5),
     "levels": Int(required=True, ge=1, le=20),
-    "curriculum": Str(choices=CURRICULA, default="cumulative"),
+    "curriculum": Str(choices=CURRICULA, default="weighted"),
     "level_weight": Int(ge=1, le=10, default=2),
     "max_iter": Int(ge=1, default=200),
     "knn_neighbors": Int(ge=1, default=10),
@@ -105,7 +105,7 @@ TRACKING = {"experiment": Str(default="cascade")}
 MODEL = {"confidence": Str(choices=CONFIDENCES, default="maxprob")}
 
 PROFILE = {
-    "repeats": Int(ge=1, default=20),
+    "repeats": Int(ge=1, default=10),
     "batch_sizes": List(Int(ge=1), unique=True, min_items=1, default=[1, 64]),
 }
 
@@ -138,12 +138,12 @@ TRAIN = {
     "momentum": Number(ge=0, lt=1, default=0.9),
     "weight_decay": Number(ge=0, default=5e-4),
     "schedule": Str(choices=SCHEDULES, default="cosine"),
-    "warmup_epochs": Number(ge=0, default=0.0),
-    "crop_padding": Int(ge=0, default=0),
-    "flip": Bool(default=False),
+    "warmup_epochs": Number(ge=0, default=0.2),
+    "crop_padding": Int(ge=0, default=2),
+    "flip": Bool(default=True),
     "erase": Number(ge=0, le=1, default=0.0, doc="random erasing: probability per training image"),
-    "lam": Number(ge=0, default=0.0),
-    "mu": Number(ge=0, default=0.0),
+    "lam": Number(ge=0, default=0.5),
+    "mu": Number(ge=0, default=0.2),
     "seed": Int(ge=0, default=0, doc="default: the top-level seed"),
     "label_smoothing": Number(ge=0, lt=1, default=0.0),
     "sampler": Str(choices=SAMPLERS, default="probmodel"),
@@ -151,12 +151,12 @@ TRAIN = {
     "pick": Str(choices=PICKS, default="entropy"),
     "pool_factor": Int(ge=1, default=8),
     "temperature": Number(gt=0, default=0.1),
-    "smoothing": Number(ge=0, default=0.05),
+    "smoothing": Number(ge=0, default=0.005),
     "step": Number(gt=0, le=1, default=0.1),
     "beta": Number(ge=0, default=0.01),
     "mi_eps": Number(gt=0, default=1e-3),
     "lambda_c": Number(ge=0, default=0.1),
-    "sandwich": Bool(default=False),
+    "sandwich": Bool(default=True),
     "distill": Number(ge=0, default=0.0),
     "utility": Str(choices=UTILITIES, default="rank"),
     "paired_perf": Bool(default=True),
@@ -164,7 +164,7 @@ TRAIN = {
                  doc="distillation from plain_large's probabilities (needs train's --teacher)"),
     "kd_hard": Number(ge=0, nullable=True, default=None,
                       doc="distillation's weight instead where grade found the data hard (null: kd)"),
-    "kd_temperature": Number(gt=0, default=1.0),
+    "kd_temperature": Number(gt=0, default=2.0),
     "tries_hard": Int(ge=1, le=10, default=1,
                       doc="where grade found the data hard: train this many times (train seed, +1, ...), keep "
                           "the one with the highest final training accuracy"),
@@ -202,18 +202,18 @@ SELECT = {
     "pool": Int(ge=1, default=1, doc="the predictor pools its input to pool x pool before its MLP"),
 }
 
-CALIBRATE = {
+CALIBRATE = {  # in this order in every cascade manifest's params.calibrate (pipeline.routing.package)
     "mode": Str(choices=CALIBRATE_MODES, default="delta"),
     "delta": Number(ge=0, lt=1, default=0.003),
-    "reference": Str(choices=REFERENCES, default="best"),
     "budget_macs": Number(nullable=True, gt=0, default=None),
     "grid": Int(ge=1, default=50),
-    "ensemble_decays": List(Number(ge=0, le=1), unique=True, min_items=1, default=[0.0]),
-    "bound_z": Number(ge=0, le=5, default=0.0,
+    "reference": Str(choices=REFERENCES, default="best"),
+    "ensemble_decays": List(Number(ge=0, le=1), unique=True, min_items=1, default=[0.0, 0.25, 0.5, 1.0]),
+    "bound_z": Number(ge=0, le=5, default=1.0,
                       doc="delta mode: the loss bound is its estimate + bound_z standard errors (0: the estimate)"),
-    "held_out": Str(choices=HELD_OUT, default="calib",
+    "held_out": Str(choices=HELD_OUT, default="pooled",
                     doc="what thresholds are fitted on: pooled (route + calib) or calib"),
-    "min_reach": Number(ge=0, lt=1, default=0.0,
+    "min_reach": Number(ge=0, lt=1, default=0.06,
                         doc="thresholds send at least this share of the held-out images to every module"),
 }
 
@@ -237,7 +237,7 @@ REGISTER = {
 BASELINES = {
     "small_width": Int(ge=1, default=8),
     "large_width": Int(ge=1, default=24),
-    "epochs": Int(ge=1, default=8),
+    "epochs": Int(ge=1, default=12),
     "min_steps": Int(ge=0, default=0, doc="epochs raised to at least this many optimiser steps (small data)"),
     "min_steps_hard": Int(ge=0, default=0, doc="the step floor instead where grade found the data hard"),
     "batch_size": Int(ge=1, le=65536, default=128),

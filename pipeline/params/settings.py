@@ -71,3 +71,13 @@ def top_level(params: Mapping[str, Any], name: str) -> Any:
     if problem:
         raise ParamsError([f"{name} {problem}"])
     return value
+
+
+def schema_default(name: str, key: str) -> Any:
+    """The schema's default of ``name.key`` (a list as a new list): what a typed config's field defaults to,
+    so that each default is written once, in :mod:`pipeline.params.schema`."""
+    spec = _SECTIONS.get(name) or SCHEMA[name]
+    default = spec.keys[key].default  # type: ignore[union-attr]
+    if default is NO_DEFAULT:
+        raise ValueError(f"params {name}.{key} has no default (the params file must set it)")
+    return list(default) if isinstance(default, list) else default

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pipeline.models.modules import confidence
+from pipeline.params.config import CalibrateConfig
 from pipeline.routing.calibration import (
     ALWAYS,
     NEVER,
@@ -82,33 +83,33 @@ def fit_operating_points(conf: Any, correct: Any, cum_macs: Any, accurate: Seque
     return [top, *middle, bottom]
 
 
-def held_out_points(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, fitted: dict, cfg: dict,
+def held_out_points(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, fitted: dict, cfg: CalibrateConfig,
                     kind: str) -> list[OperatingPoint]:
     """The operating points of a fitted cascade (``fit``'s result: its thresholds and exit-ensemble decay)
     on the same held-out images, from its own thresholds down to exit 1 alone."""
     conf, correct = exit_arrays(logits, y, kind, float(fitted["ensemble_decay"]))
-    return fit_operating_points(conf, correct, cum, fitted["thresholds"], grid=int(cfg["grid"]))
+    return fit_operating_points(conf, correct, cum, fitted["thresholds"], grid=cfg.grid)
 
 
-def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, decay: float, *,
-        least_if_none: bool = False) -> dict:
+def fit(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: CalibrateConfig, kind: str, decay: float,
+        *, least_if_none: bool = False) -> dict:
     """Thresholds for exits answering with the exit ensemble of ``decay`` (0: each exit alone). In budget
     mode ``least_if_none`` takes the least-MACs setting where none fits the budget (else an error)."""
     result, _ = fit_with_answers(logits, cum, y, cfg, kind, decay, least_if_none=least_if_none)
     return result
 
 
-def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str,
-                     decay: float, *, least_if_none: bool = False) -> tuple[dict, np.ndarray]:
+def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: CalibrateConfig,
+                     kind: str, decay: float, *, least_if_none: bool = False) -> tuple[dict, np.ndarray]:
     """``fit``, and the calibrated cascade's per-image answers on these images ((N,) bool, right or not)."""
-    min_reach = float(cfg.get("min_reach", 0.0))
+    min_reach = float(cfg.min_reach)
     conf, correct = exit_arrays(logits, y, kind, decay)
-    if cfg["mode"] == "budget":
-        thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg["budget_macs"]), int(cfg["grid"]),
+    if cfg.mode == "budget":
+        thresholds, sweep = calibrate_budget(conf, correct, cum, float(cfg.budget_macs), cfg.grid,
                                              least_if_none=least_if_none, min_reach=min_reach)
     else:
-        thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg["delta"]), int(cfg["grid"]),
-                                            reference=cfg["reference"], z=float(cfg.get("bound_z", 0.0)),
+        thresholds, sweep = calibrate_delta(conf, correct, cum, float(cfg.delta), cfg.grid,
+                                            reference=cfg.reference, z=float(cfg.bound_z),
                                             min_reach=min_reach)
     acc, macs, counts = simulate_thresholds(conf, correct, cum, thresholds)
     right = correct[np.arange(len(correct)), exit_indices(conf, thresholds)]  # (N,) the cascade's answers
@@ -118,22 +119,22 @@ def fit_with_answers(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg
             "last_exit_accuracy": float(correct[:, -1].mean()),
             "exit_accuracy": correct.mean(axis=0).tolist(), "ensemble_decay": float(decay),
             "last_exit_mean_macs": float(cum[:, -1].mean()), "sweep": sweep,
-            **({"budget_macs": float(cfg["budget_macs"]), "budget_met": bool(macs <= float(cfg["budget_macs"]))}
-               if cfg["mode"] == "budget" else {})}, right
+            **({"budget_macs": float(cfg.budget_macs), "budget_met": bool(macs <= float(cfg.budget_macs))}
+               if cfg.mode == "budget" else {})}, right
 
 
-def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: dict, kind: str, *,
-                      least_if_none: bool = False) -> dict:
-    """``fit`` for every decay of ``cfg["ensemble_decays"]``; the one ``choose_ensemble_decay`` keeps (within
+def fit_best_ensemble(logits: torch.Tensor, cum: np.ndarray, y: torch.Tensor, cfg: CalibrateConfig, kind: str,
+                      *, least_if_none: bool = False) -> dict:
+    """``fit`` for every decay of ``cfg.ensemble_decays``; the one ``choose_ensemble_decay`` keeps (within
     ``bound_z`` paired standard errors of the most accurate, the cheapest; among the decays whose fit meets
-    ``cfg["min_reach"]`` where any does), with the others' figures."""
+    ``cfg.min_reach`` where any does), with the others' figures."""
     answered = {float(d): fit_with_answers(logits, cum, y, cfg, kind, float(d), least_if_none=least_if_none)
-                for d in cfg["ensemble_decays"]}
+                for d in cfg.ensemble_decays}
     fits = {d: fitted for d, (fitted, _) in answered.items()}
     # Where some decays meet the reach floor and others had to drop it, the choice is among the former.
     floored = {d: a for d, a in answered.items() if a[0]["min_reach_met"]} or answered
     eligible = {d: {**fitted, "right": right} for d, (fitted, right) in floored.items()}
-    z = float(cfg.get("bound_z", 0.0))
+    z = float(cfg.bound_z)
     tied = ensemble_ties(eligible, z)
     best = fits[choose_ensemble_decay(eligible, z)]
     # ``ties_best``: the decay is one the rule chose among (so a reader can check the choice).

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -36,6 +36,9 @@ from pipeline.routing.engine import Stage, check_decay
 from pipeline.routing.operating_points import OperatingPoint, parse_points
 from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
+
+if TYPE_CHECKING:  # the serving side loads models without the params code
+    from pipeline.params.config import CalibrateConfig, ParamsRecord
 
 FORMAT = "early-exit-cascade"
 FORMAT_VERSION = 2  # 2: a checksum over the manifest itself, every file named must carry its sha256
@@ -247,12 +250,14 @@ def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]
     return out
 
 
-def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, fit_cfg: dict,
-             params: dict, points: Sequence[OperatingPoint] = ()) -> tuple[list[Stage], CascadeMeta]:
-    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage, the operating
-    points fitted on the same held-out images) of one routing."""
+def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, fit_cfg: CalibrateConfig,
+             lineage: ParamsRecord, points: Sequence[OperatingPoint] = ()) -> tuple[list[Stage], CascadeMeta]:
+    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage: the fit's
+    settings, and the modules and train sections as the params file wrote them; the operating points
+    fitted on the same held-out images) of one routing."""
     info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
-            "params": {"calibrate": fit_cfg, "modules": params["modules"], "train": params["train"]}}
+            "params": {"calibrate": fit_cfg.section(), "modules": lineage.of("modules"),
+                       "train": lineage.of("train")}}
     meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind,
                        info=info, ensemble_decay=res["ensemble_decay"], operating_points=tuple(points))
     return with_thresholds(stages, res["thresholds"]), meta

@@ -26,7 +26,7 @@ from torch import nn
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, PlainCNN, confidence
 from pipeline.params.keys import ParamsError
-from pipeline.params.settings import section_problems, settings
+from pipeline.params.settings import schema_default, section_problems, settings
 from pipeline.train.config import TrainConfig, epochs_for, step_floor
 from pipeline.train.loop import train_module
 from pipeline.train.paths import module_outputs
@@ -51,6 +51,10 @@ def plain_macs(module: PlainCNN, image_shape: Sequence[int]) -> int:
 # ----------------------------------------------------------------------------------------- config
 
 
+def _default(key: str) -> Any:
+    return schema_default("baselines", key)  # each default written once: pipeline.params.schema.BASELINES
+
+
 _FLOATS = ("lr", "momentum", "weight_decay", "warmup_epochs", "label_smoothing", "grad_clip")
 
 
@@ -58,21 +62,21 @@ _FLOATS = ("lr", "momentum", "weight_decay", "warmup_epochs", "label_smoothing",
 class BaselineConfig:
     """The ``baselines`` params section: the two widths and the (shared) training recipe."""
 
-    small_width: int = 8
-    large_width: int = 24
-    epochs: int = 8
-    min_steps: int = 0
-    min_steps_hard: int = 0
-    batch_size: int = 128
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    schedule: str = "cosine"
-    warmup_epochs: float = 0.2
-    crop_padding: int = 2
-    flip: bool = True
-    label_smoothing: float = 0.0
-    grad_clip: float = 0.0
+    small_width: int = _default("small_width")
+    large_width: int = _default("large_width")
+    epochs: int = _default("epochs")
+    min_steps: int = _default("min_steps")
+    min_steps_hard: int = _default("min_steps_hard")
+    batch_size: int = _default("batch_size")
+    lr: float = _default("lr")
+    momentum: float = _default("momentum")
+    weight_decay: float = _default("weight_decay")
+    schedule: str = _default("schedule")
+    warmup_epochs: float = _default("warmup_epochs")
+    crop_padding: int = _default("crop_padding")
+    flip: bool = _default("flip")
+    label_smoothing: float = _default("label_smoothing")
+    grad_clip: float = _default("grad_clip")
 
     def __post_init__(self) -> None:
         problems = section_problems({f.name: getattr(self, f.name) for f in fields(self)}, "baselines")
@@ -85,6 +89,11 @@ class BaselineConfig:
     def from_dict(cls, d: Mapping[str, Any] | None) -> BaselineConfig:
         """Build from the ``baselines`` section (None or {} = defaults), checked by the schema."""
         return cls(**vars(settings({"baselines": d}, "baselines")))
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> BaselineConfig:
+        """The ``baselines`` section of the params (absent: the schema's defaults)."""
+        return cls(**vars(settings(params, "baselines")))
 
     def floor(self, hard: bool) -> int:
         """The step floor: ``min_steps``, or ``min_steps_hard`` on hard data (as the modules')."""
@@ -101,13 +110,6 @@ class BaselineConfig:
                            warmup_epochs=self.warmup_epochs, crop_padding=self.crop_padding, flip=self.flip,
                            lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing,
                            grad_clip=self.grad_clip)
-
-
-def calibration_settings(params: dict[str, Any]) -> tuple[float, int, str, float, str]:
-    """(delta, grid, confidence kind, bound_z, held_out) from `calibrate` and `model.confidence`, with
-    calibrate's defaults: the two-CNN chain is calibrated by the cascade's own rule on the same images."""
-    cal = settings(params, "calibrate")  # checked with the params file
-    return float(cal.delta), cal.grid, settings(params, "model").confidence, float(cal.bound_z), cal.held_out
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -9,7 +9,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pipeline.params.config import ConfigError, deep_merge, section
-from pipeline.params.settings import section_problems
+from pipeline.params.settings import schema_default, section_problems
 from pipeline.search.picks import PICKS
 
 SCHEDULES = ("cosine", "step", "constant")
@@ -20,6 +20,10 @@ SAMPLERS = ("uniform", "probmodel")
 # ----------------------------------------------------------------------------------------- config
 
 
+def _default(key: str) -> Any:
+    return schema_default("train", key)  # each default written once: pipeline.params.schema.TRAIN
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """How one module trains; the method-B fields (``sampler`` on) matter for supernets only."""
@@ -27,39 +31,45 @@ class TrainConfig:
     epochs: int
     batch_size: int
     lr: float
-    min_steps: int = 0  # epochs are raised until training takes at least this many optimiser steps
-    min_steps_hard: int = 0  # the floor instead, where grade found the data hard (pipeline.data.difficulty.is_hard)
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    schedule: str = "cosine"
-    warmup_epochs: float = 0.0
-    crop_padding: int = 0
-    flip: bool = False
-    erase: float = 0.0  # random erasing: probability per training image (0 = off)
-    lam: float = 0.0
-    mu: float = 0.0
-    seed: int = 0
-    label_smoothing: float = 0.0
-    sampler: str = "probmodel"
-    m: int = 4  # subnets per step (the batch is split into m chunks)
-    pick: str = "entropy"  # method B's m subnets per step: entropy (Latin hypercube) | greedy | plain
-    pool_factor: int = 8
-    temperature: float = 0.1
-    smoothing: float = 0.05
-    step: float = 0.1  # MLE mixing step of P(i) with P(i-1)
-    beta: float = 0.01
-    mi_eps: float = 1e-3
-    lambda_c: float = 0.1  # cost weight in perf
-    sandwich: bool = False  # supernets: also train the largest and the smallest path on every batch
-    distill: float = 0.0  # supernets with sandwich: weight of in-place distillation from the largest path
-    utility: str = "rank"  # MLE weights from perf: rank (scale-free) | elite | softmax (raw perf / T)
-    paired_perf: bool = True  # with sandwich: a path's perf is its CE minus the largest path's (same images)
-    kd: float = 0.0  # weight of distillation from soft targets (a teacher's probabilities per image); 0 = off
-    kd_hard: float | None = None  # kd instead where grade found the data hard; None = kd
-    kd_temperature: float = 1.0  # the student's logits are divided by it (the soft targets were made at it)
-    tries_hard: int = 1  # hard data: trained this many times (seed, seed + 1, ...), the best by training accuracy kept
-    grad_clip: float = 0.0  # clip the gradients' global norm to this before each step; 0 = off
-    processes: int = 1  # data-parallel ranks (the stage relaunches itself under torchrun when > 1)
+    min_steps: int = _default("min_steps")  # epochs are raised until training takes at least this many optimiser steps
+    # the floor instead, where grade found the data hard (pipeline.data.difficulty.is_hard)
+    min_steps_hard: int = _default("min_steps_hard")
+    momentum: float = _default("momentum")
+    weight_decay: float = _default("weight_decay")
+    schedule: str = _default("schedule")
+    warmup_epochs: float = _default("warmup_epochs")
+    crop_padding: int = _default("crop_padding")
+    flip: bool = _default("flip")
+    erase: float = _default("erase")  # random erasing: probability per training image (0 = off)
+    lam: float = _default("lam")
+    mu: float = _default("mu")
+    seed: int = _default("seed")
+    label_smoothing: float = _default("label_smoothing")
+    sampler: str = _default("sampler")
+    m: int = _default("m")  # subnets per step (the batch is split into m chunks)
+    pick: str = _default("pick")  # method B's m subnets per step: entropy (Latin hypercube) | greedy | plain
+    pool_factor: int = _default("pool_factor")
+    temperature: float = _default("temperature")
+    smoothing: float = _default("smoothing")
+    step: float = _default("step")  # MLE mixing step of P(i) with P(i-1)
+    beta: float = _default("beta")
+    mi_eps: float = _default("mi_eps")
+    lambda_c: float = _default("lambda_c")  # cost weight in perf
+    sandwich: bool = _default("sandwich")  # supernets: also train the largest and the smallest path on every batch
+    # supernets with sandwich: weight of in-place distillation from the largest path
+    distill: float = _default("distill")
+    utility: str = _default("utility")  # MLE weights from perf: rank (scale-free) | elite | softmax (raw perf / T)
+    # with sandwich: a path's perf is its CE minus the largest path's (same images)
+    paired_perf: bool = _default("paired_perf")
+    # weight of distillation from soft targets (a teacher's probabilities per image); 0 = off
+    kd: float = _default("kd")
+    kd_hard: float | None = _default("kd_hard")  # kd instead where grade found the data hard; None = kd
+    # the student's logits are divided by it (the soft targets were made at it)
+    kd_temperature: float = _default("kd_temperature")
+    # hard data: trained this many times (seed, seed + 1, ...), the best by training accuracy kept
+    tries_hard: int = _default("tries_hard")
+    grad_clip: float = _default("grad_clip")  # clip the gradients' global norm to this before each step; 0 = off
+    processes: int = _default("processes")  # data-parallel ranks (the stage relaunches itself under torchrun when > 1)
 
     def __post_init__(self) -> None:
         for problem in section_problems({f.name: getattr(self, f.name) for f in fields(self)}, "train",

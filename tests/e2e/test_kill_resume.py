@@ -201,6 +201,7 @@ def test_register_killed_at_each_point_is_healed(point, tiny_repo, tmp_path, mon
 _KILLED_TRAIN = """
 import os, signal, sys
 import stages.train as stage
+from pipeline.routing import train_workflow as flow  # the stage's workflow
 from pipeline.train import lock, loop
 
 
@@ -229,11 +230,11 @@ TRAIN_KILLS = {
     "before_first_checkpoint": ("loop.save_training_state = killed(loop.save_training_state, after=False)",
                                 False),
     "checkpoint_tmp_not_renamed": (_KILL_AT_RENAME.replace("{name}", "epoch_0002.pt"), True),
-    "outputs_in_temporary_folder": ("stage.write_train_outputs = killed(stage.write_train_outputs, after=True)",
+    "outputs_in_temporary_folder": ("flow.write_train_outputs = killed(flow.write_train_outputs, after=True)",
                                     True),
     "metrics_tmp_not_renamed": (_KILL_AT_RENAME.replace("{name}", "train_m2.json"), True),
-    "outputs_in_place": ("stage.discard_checkpoints = killed(stage.discard_checkpoints, after=False)", True),
-    "checkpoints_discarded": ("stage.discard_checkpoints = killed(stage.discard_checkpoints, after=True)",
+    "outputs_in_place": ("flow.discard_checkpoints = killed(flow.discard_checkpoints, after=False)", True),
+    "checkpoints_discarded": ("flow.discard_checkpoints = killed(flow.discard_checkpoints, after=True)",
                               False),
 }
 

@@ -265,9 +265,9 @@ def test_schema_enums_match_the_library():
         UTILITIES,
     )
     from pipeline.routing import calibration, predictor
+    from pipeline.routing import select_workflow as select
     from pipeline.search import probmodel
     from pipeline.train import config as loop
-    from stages import select
 
     assert set(OPS) == set(ops.OPS) and KINDS == modules.KINDS and HEADS == modules.HEADS
     assert CONFIDENCES == modules.CONFIDENCE_KINDS and REFERENCES == calibration.REFERENCES
@@ -354,7 +354,7 @@ def test_settings_give_every_key_of_a_section_with_the_schema_defaults() -> None
     assert (s.mode, s.pool, s.hidden, s.scoring, s.delta) == ("testset", 2, 16, "label", 0.003)
     with pytest.raises(AttributeError):
         s.mode = "predictor"  # frozen: read, never changed
-    assert settings({}, "calibrate").ensemble_decays == [0.0]
+    assert settings({}, "calibrate").ensemble_decays == [0.0, 0.25, 0.5, 1.0]
     with pytest.raises(ParamsError, match="register.model_name is missing"):
         settings({"register": {}}, "register")
 

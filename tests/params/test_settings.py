@@ -82,7 +82,7 @@ def test_given_values_override_the_defaults() -> None:
 @pytest.mark.parametrize("params", [{}, {"profile": None}, {"profile": {}}])
 def test_an_absent_or_null_section_is_all_defaults(params: dict) -> None:
     s = settings(params, "profile")
-    assert (s.repeats, s.batch_sizes) == (20, [1, 64])
+    assert (s.repeats, s.batch_sizes) == (10, [1, 64])
 
 
 def test_a_default_list_is_a_copy_so_a_caller_cannot_change_the_schema() -> None:

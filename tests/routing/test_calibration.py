@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
+from pipeline.params.config import CalibrateConfig
 from pipeline.routing.calibration import (
     ALWAYS,
     NEVER,
@@ -19,6 +22,12 @@ from pipeline.routing.calibration import (
 from pipeline.routing.engine import run_all_exits, run_cascade
 from pipeline.routing.fit import fit
 from tests.routing.conftest import TinyCascade, images
+
+
+def fit_cfg(**kw: object) -> CalibrateConfig:
+    """Calibrate's settings with no standard-error margin, no reach floor and one decay unless given."""
+    return CalibrateConfig.from_params({"calibrate": {"bound_z": 0.0, "min_reach": 0.0, "ensemble_decays": [0.0],
+                                                      **kw}})
 
 
 def synthetic(n: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,10 +128,10 @@ def test_a_budget_below_reach_can_fall_back_to_the_least_macs() -> None:
     logits = torch.randn(200, 3, 4)
     cum = np.tile([[1.0, 2.0, 4.0]], (200, 1))
     y = torch.randint(0, 4, (200,))
-    cfg = {"mode": "budget", "budget_macs": 0.5, "grid": 10}
+    cfg = fit_cfg(mode="budget", budget_macs=0.5, grid=10)
     out = fit(logits, cum, y, cfg, "maxprob", 0.0, least_if_none=True)
     assert (out["budget_met"], out["budget_macs"], out["mean_macs"]) == (False, 0.5, 1.0)
-    assert fit(logits, cum, y, {**cfg, "budget_macs": 4.0}, "maxprob", 0.0, least_if_none=True)["budget_met"] is True
+    assert fit(logits, cum, y, replace(cfg, budget_macs=4.0), "maxprob", 0.0, least_if_none=True)["budget_met"] is True
     with pytest.raises(ValueError, match="budget"):
         fit(logits, cum, y, cfg, "maxprob", 0.0)
 
@@ -278,7 +287,7 @@ def test_fit_reports_the_reach_and_holds_the_floor() -> None:
     right = torch.from_numpy(correct)
     logits = torch.stack([torch.where(right, strength, 0.0), torch.where(right, 0.0, strength)], dim=-1)
     y = torch.zeros(1000, dtype=torch.long)
-    cfg = {"mode": "delta", "delta": 0.01, "grid": 20, "reference": "best", "min_reach": 0.2}
+    cfg = fit_cfg(mode="delta", delta=0.01, grid=20, reference="best", min_reach=0.2)
     result = fit(logits, cum_macs, y, cfg, "maxprob", 0.0)
     assert result["min_reach"] == 0.2 and len(result["reach"]) == 3
     assert min(result["reach"]) >= 0.2 and result["reach"][0] == 1.0
@@ -298,8 +307,7 @@ def test_a_floor_no_setting_can_meet_within_the_bound_is_dropped() -> None:
     strength = torch.from_numpy(2 + 5.0 * conf)  # (N, K): a right or wrong answer, as confident as conf says
     right = torch.from_numpy(correct)
     logits = torch.stack([torch.where(right, strength, 0.0), torch.where(right, 0.0, strength)], dim=-1)
-    cfg = {"mode": "delta", "delta": 0.003, "grid": 20, "reference": "best", "min_reach": 0.06,
-           "ensemble_decays": [0.0]}
+    cfg = fit_cfg(mode="delta", delta=0.003, grid=20, reference="best", min_reach=0.06, ensemble_decays=[0.0])
     from pipeline.routing.fit import fit_best_ensemble
 
     result = fit_best_ensemble(logits, cum_macs, torch.zeros(2000, dtype=torch.long), cfg, "maxprob")

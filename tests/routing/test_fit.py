@@ -4,10 +4,13 @@ reports) and ``fit_best_ensemble`` (the best decay, with every decay's figures).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
+from pipeline.params.config import CalibrateConfig
 from pipeline.routing.engine import run_all_exits
 from pipeline.routing.fit import exit_outputs, fit, fit_best_ensemble
 from tests.routing.conftest import TinyCascade, images
@@ -45,9 +48,11 @@ def ensemble_helps() -> tuple[torch.Tensor, np.ndarray, torch.Tensor]:
     return logits_of(probs), np.tile(COST[:2], (2, 1)), torch.zeros(2, dtype=torch.int64)
 
 
-def delta_cfg(**kw: object) -> dict:
-    return {"mode": "delta", "delta": 0.0, "grid": 50, "reference": "last", "budget_macs": None,
-            "ensemble_decays": [0.0], **kw}
+def delta_cfg(**kw: object) -> CalibrateConfig:
+    """Delta mode with no standard-error margin and no reach floor, so each figure below is exact."""
+    cfg = CalibrateConfig(mode="delta", delta=0.0, budget_macs=None, grid=50, reference="last",
+                          ensemble_decays=(0.0,), bound_z=0.0, held_out="calib", min_reach=0.0)
+    return replace(cfg, **kw)
 
 
 # --- exit_outputs ------------------------------------------------------------------------------------
@@ -109,10 +114,10 @@ def test_fit_in_budget_mode_is_the_most_accurate_within_the_budget() -> None:
     cfg = delta_cfg(mode="budget", budget_macs=14)
     out = fit(logits, cum, y, cfg, "maxprob", 0.0)
     assert (out["accuracy"], out["mean_macs"]) == (0.75, 12.5)
-    out = fit(logits, cum, y, {**cfg, "budget_macs": 15}, "maxprob", 0.0)
+    out = fit(logits, cum, y, replace(cfg, budget_macs=15), "maxprob", 0.0)
     assert (out["accuracy"], out["mean_macs"]) == (1.0, 15.0)
     with pytest.raises(ValueError, match="no thresholds fit a budget of 9.0 MACs"):
-        fit(logits, cum, y, {**cfg, "budget_macs": 9}, "maxprob", 0.0)
+        fit(logits, cum, y, replace(cfg, budget_macs=9), "maxprob", 0.0)
 
 
 def test_fit_thresholds_follow_the_confidence_kind() -> None:
@@ -146,7 +151,7 @@ def test_fit_refuses_a_decay_outside_0_1() -> None:
 
 def test_fit_best_ensemble_picks_the_decay_with_the_best_cascade() -> None:
     logits, cum, y = ensemble_helps()
-    cfg = delta_cfg(reference="best", ensemble_decays=[0.0, 0.25, 1.0])
+    cfg = delta_cfg(reference="best", ensemble_decays=(0.0, 0.25, 1.0))
     best = fit_best_ensemble(logits, cum, y, cfg, "maxprob")
     assert best["ensemble_decay"] == 1.0 and best["accuracy"] == 1.0
     tried = best.pop("ensemble_tried")
@@ -163,7 +168,7 @@ def test_fit_best_ensemble_picks_the_decay_with_the_best_cascade() -> None:
 def test_fit_best_ensemble_prefers_the_smaller_decay_on_a_tie() -> None:
     logits, cum, y = three_exits()
     one_exit = logits[:, -1:], cum[:, -1:]  # one exit: every decay gives the same answers
-    best = fit_best_ensemble(*one_exit, y, delta_cfg(ensemble_decays=[0.5, 0.0, 1.0]), "maxprob")
+    best = fit_best_ensemble(*one_exit, y, delta_cfg(ensemble_decays=(0.5, 0.0, 1.0)), "maxprob")
     assert best["ensemble_decay"] == 0.0 and best["thresholds"] == []
     assert best["accuracy"] == 0.75 and set(best["ensemble_tried"]) == {"0.5", "0", "1"}
 

@@ -14,6 +14,7 @@ from pipeline.cli import describe_cascade, format_subnets
 from pipeline.io import file_sha256
 from pipeline.models.cascade import CascadeSpec, build_modules, feature_shapes
 from pipeline.models.modules import ModuleSpec
+from pipeline.params.config import CalibrateConfig, ParamsRecord
 from pipeline.routing.engine import Stage, build_stage, run_cascade
 from pipeline.routing.package import (
     FORMAT_VERSION,
@@ -385,14 +386,14 @@ def test_with_thresholds_sets_them_in_order_and_leaves_the_rest() -> None:
 def test_packaged_carries_the_fit_and_its_lineage_through_the_model_directory(tmp_path: Path) -> None:
     res = {"thresholds": [0.5, 0.55], "ensemble_decay": 0.25, "accuracy": 0.8, "mean_macs": 1000.0,
            "sweep": [{"accuracy": 0.7}]}
-    fit_cfg = {"mode": "delta", "delta": 0.01, "grid": 5}
+    fit_cfg = CalibrateConfig.from_params({"calibrate": {"mode": "delta", "delta": 0.01, "grid": 5}})
     params = {"modules": {"m1": {"after": "data/prepared"}}, "train": {"epochs": 1}, "seed": 3}
-    stages, meta = packaged(tiny_stages(), META, res, "selected", fit_cfg, params)
+    stages, meta = packaged(tiny_stages(), META, res, "selected", fit_cfg, ParamsRecord.from_params(params))
     assert [s.threshold for s in stages] == [0.5, 0.55, float("inf")]
     assert meta.info == {"routing": "selected",
                          "calibrate": {"thresholds": [0.5, 0.55], "ensemble_decay": 0.25, "accuracy": 0.8,
                                        "mean_macs": 1000.0},
-                         "params": {"calibrate": fit_cfg, "modules": params["modules"],
+                         "params": {"calibrate": fit_cfg.section(), "modules": params["modules"],
                                     "train": params["train"]}}
     assert meta.ensemble_decay == 0.25
     assert (meta.classes, meta.image_shape, meta.mean, meta.std, meta.confidence_kind) == (
@@ -401,7 +402,7 @@ def test_packaged_carries_the_fit_and_its_lineage_through_the_model_directory(tm
     assert [s.threshold for s in loaded.stages[:-1]] == [0.5, 0.55]
     assert loaded.meta.info == meta.info and loaded.meta.ensemble_decay == 0.25
     with pytest.raises(KeyError, match="modules"):
-        packaged(tiny_stages(), META, res, "selected", fit_cfg, {"train": {}})
+        packaged(tiny_stages(), META, res, "selected", fit_cfg, ParamsRecord.from_params({"train": {}}))
 
 
 def test_a_manifest_within_every_limit_but_too_large_in_all_is_refused_before_allocating(

@@ -12,7 +12,7 @@ import torch
 
 from pipeline.evaluation.two_cnn import baseline_arrays, evaluate_baselines, two_cnn_threshold
 from pipeline.models.modules import NO_ARCH
-from pipeline.params.config import ConfigError
+from pipeline.params.config import CalibrateConfig, ConfidenceConfig, ConfigError
 from pipeline.routing.calibration import NEVER
 from pipeline.search.space import Arch
 from pipeline.train.baselines import (
@@ -23,7 +23,6 @@ from pipeline.train.baselines import (
     Baselines,
     BaselinesMeta,
     PlainCNN,
-    calibration_settings,
     load_baselines,
     plain_macs,
     plain_outputs,
@@ -139,7 +138,7 @@ def test_config_rejects_unknown_keys_naming_them() -> None:
 @pytest.mark.parametrize(("key", "value"), [
     ("small_width", 0), ("small_width", 2.5), ("large_width", 4), ("epochs", 0), ("epochs", True),
     ("batch_size", -1), ("lr", 0), ("lr", "0.1"), ("momentum", 1.0), ("weight_decay", -1e-4),
-    ("schedule", "linear"), ("warmup_epochs", 8), ("crop_padding", -1), ("flip", "yes"),
+    ("schedule", "linear"), ("warmup_epochs", 12), ("crop_padding", -1), ("flip", "yes"),
     ("label_smoothing", 1.0), ("lr", float("nan")), ("grad_clip", -1.0),
 ])
 def test_config_rejects_bad_values_naming_the_key(key: str, value: object) -> None:
@@ -147,20 +146,21 @@ def test_config_rejects_bad_values_naming_the_key(key: str, value: object) -> No
         BaselineConfig.from_dict({"small_width": 8, "large_width": 24, key: value})
 
 
-def test_calibration_settings_read_the_cascade_rule_with_its_defaults() -> None:
-    assert calibration_settings({}) == (0.003, 50, "maxprob", 0.0, "calib")
-    delta, grid, kind, z, held_out = calibration_settings(
-        {"calibrate": {"delta": 0, "grid": 7, "reference": "last", "bound_z": 1.5, "held_out": "pooled"},
-         "model": {"confidence": "margin"}})
-    assert (z, held_out) == (1.5, "pooled")
-    assert (delta, grid, kind) == (0.0, 7, "margin") and isinstance(delta, float)
+def test_the_chain_reads_the_cascade_rule_through_its_typed_configs() -> None:
+    """The two-CNN chain is calibrated by calibrate's settings and model.confidence, the schema's defaults
+    where absent (pipeline.evaluation.baselines_workflow)."""
+    cal = CalibrateConfig.from_params({"calibrate": {"delta": 0, "grid": 7, "reference": "last", "bound_z": 1.5,
+                                                     "held_out": "calib"}})
+    assert (cal.delta, cal.grid, cal.bound_z, cal.held_out) == (0.0, 7, 1.5, "calib") and isinstance(cal.delta, float)
+    assert ConfidenceConfig.from_params({"model": {"confidence": "margin"}}).confidence == "margin"
+    assert ConfidenceConfig.from_params({}).confidence == "maxprob"
 
 
-def test_calibration_settings_refuse_bad_values_naming_the_key() -> None:
+def test_the_chain_settings_refuse_bad_values_naming_the_key() -> None:
     with pytest.raises(ConfigError, match=r"calibrate\.delta must be in \[0, 1\), got -1"):
-        calibration_settings({"calibrate": {"delta": -1}})
+        CalibrateConfig.from_params({"calibrate": {"delta": -1}})
     with pytest.raises(ConfigError, match=r"model\.confidence must be one of"):
-        calibration_settings({"model": {"confidence": "entropy"}})
+        ConfidenceConfig.from_params({"model": {"confidence": "entropy"}})
 
 
 # ----------------------------------------------------------------------------------------- threshold

@@ -49,7 +49,8 @@ def pattern_data(n: int = 200, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 def cfg(**kw: object) -> TrainConfig:
     base = dict(epochs=2, batch_size=32, lr=0.05, schedule="cosine", crop_padding=1, flip=True,
-                lam=0.5, mu=0.5, seed=3, sampler="probmodel", m=4)
+                lam=0.5, mu=0.5, seed=3, sampler="probmodel", m=4, warmup_epochs=0.0, smoothing=0.05,
+                sandwich=False, kd_temperature=1.0)  # single-path training unless a test turns the sandwich on
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 

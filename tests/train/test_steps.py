@@ -41,7 +41,9 @@ def params(**kw: object) -> LossParams:
 
 
 def cfg(**kw: object) -> TrainConfig:
-    base = dict(epochs=1, batch_size=8, lr=0.1, m=3, pick="plain", beta=0.0)
+    # the plain recipe these steps are checked on: no augmentation, no cost-aware loss, no sandwich
+    base = dict(epochs=1, batch_size=8, lr=0.1, m=3, pick="plain", beta=0.0, warmup_epochs=0.0, crop_padding=0,
+                flip=False, lam=0.0, mu=0.0, smoothing=0.05, sandwich=False, kd_temperature=1.0)
     base.update(kw)
     return TrainConfig(**base)  # type: ignore[arg-type]
 
