@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -30,10 +31,10 @@ class Candidate(nn.Module):
     def __init__(self, shape: str, in_channels: int, num_classes: int, head: tuple[str, int, int]) -> None:
         super().__init__()
         stem, _, body = shape.partition(":")
-        try:
-            channels, stride = (int(v) for v in stem.removeprefix("c").split("s"))
-        except ValueError:
-            raise SystemExit(f"bench.module_shapes: {shape!r} is not c<channels>s<stride>:<op>,...") from None
+        match = re.fullmatch(r"c(\d+)s([12])", stem)
+        if match is None:
+            raise SystemExit(f"bench.module_shapes: {shape!r} is not c<channels>s<stride>:<op>,... (stride 1 or 2)")
+        channels, stride = int(match[1]), int(match[2])
         self.space = SearchSpace()
         self.transition = ConvBNReLU(in_channels, channels, 3, stride)
         self.body = nn.Sequential(*(make_op(op, channels) for op in body.split(",") if op))
