@@ -119,6 +119,10 @@ def plot(result: dict[str, Any], png: Path) -> None:
             ax.errorbar([r["mean_macs"] / 1e6 for r in rows], [100 * r["accuracy"] for r in rows],
                         yerr=[100 * r["se"] for r in rows], fmt="o-", capsize=3, label=arch)
     ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.set_xlabel("mean MACs per image (millions, log)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(result.get("title", "accuracy against cost"))
