@@ -14,7 +14,7 @@ from typing import Any
 from pipeline import exit_codes
 from pipeline.data.sources import DataError
 from pipeline.params.config import ConfigError, load_checked_params
-from pipeline.runner import die_with_runner
+from pipeline.train.lifetime import die_with_runner
 
 
 class StageFailed(RuntimeError):
