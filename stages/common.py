@@ -14,6 +14,7 @@ from typing import Any
 from pipeline import exit_codes
 from pipeline.data.sources import DataError
 from pipeline.params.config import ConfigError, load_checked_params
+from pipeline.train.lifetime import die_with_runner
 
 
 class StageFailed(RuntimeError):
@@ -45,56 +46,6 @@ def module_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a module key m1, m2, ... or its number 1, 2, ..., "
                                          f"got {text!r}")
     return int(digits)
-
-
-SHELLS = ("sh", "dash", "bash", "zsh")
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def die_with_runner() -> None:
-    """End this stage process when the process that ran it (``dvc repro``) dies, so a killed ``dvc``
-    leaves no training process behind (issue 41). The kernel signals us when our parent dies
-    (``PR_SET_PDEATHSIG``); when the parent is the shell DVC runs the command in, a daemon thread also
-    watches the shell's parent. Linux only; elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-    import threading
-    import time
-
-    parent = os.getppid()
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    watched = parent
-    if _comm(parent) in SHELLS:
-        try:  # the shell's own parent: field 4 of /proc/<pid>/stat, after the parenthesised name
-            watched = int(Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return
-    if watched <= 1:
-        return
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(watched, 0)
-            except ProcessLookupError:
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            except PermissionError:
-                pass
-
-    threading.Thread(target=watch, name="die-with-runner", daemon=True).start()
 
 
 def cli(fn: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], int]:

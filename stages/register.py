@@ -12,34 +12,10 @@ from pathlib import Path
 
 from pipeline.io import load_split, read_json, write_json
 from pipeline.params.config import ParamsRecord, TrackingConfig
-from pipeline.registry.register import (
-    GATE_METRICS,
-    RegisterConfig,
-    curve_points,
-    image_frame,
-    input_hashes,
-    lineage_tags,
-    log_version,
-    promote,
-)
+from pipeline.registry.register import RegisterConfig, image_frame, log_version, promote
+from pipeline.registry.shipped import dominated_veto, gate_candidate, shipped_figures, version_tags
 from pipeline.registry.tracking import stage_run
 from stages.common import StageFailed, cli, params_of, parser
-
-
-def _name(path: Path, root: Path) -> str:
-    """``path`` as dvc.yaml names it: relative to the repository root when inside it."""
-    try:
-        return path.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        return path.as_posix()
-
-
-def dominated_veto(evaluated: dict) -> str | None:
-    """Why the version may not be champion: evaluate read it dominated on test (``shipped``), or None."""
-    shipped = evaluated.get("shipped") or {}
-    if not shipped.get("dominated"):
-        return None
-    return f"dominated on test by {', '.join(shipped['dominated_by'])}: {shipped['verdict']}"
 
 
 @cli
@@ -57,19 +33,13 @@ def main(argv: list[str] | None = None) -> None:
     params = params_of(args)
     cfg, record = RegisterConfig.from_params(params), ParamsRecord.from_params(params)
     evaluated = read_json(args.metrics_in)
-    shipped = (evaluated.get("shipped") or {}).get("model", "cascade")
-    figures = evaluated.get("cascade") if shipped == "cascade" else evaluated.get("shipped")
-    figures = figures if isinstance(figures, dict) else {}
-    missing = [key for key in GATE_METRICS if not isinstance(figures.get(key), int | float)]
+    shipped, figures, missing = shipped_figures(evaluated)
     if missing:
         raise StageFailed(f"{args.metrics_in} has no {shipped} {', '.join(missing)}")
-    candidate = {key: float(figures[key]) for key in GATE_METRICS}
-    # a plain CNN has one operating point; the cascade's thresholds trace a curve
-    curve = curve_points(evaluated) if shipped == "cascade" else [(candidate["mean_macs"], candidate["accuracy"])]
-    test_file = args.data / "test.npz"
-    own = input_hashes({_name(path, args.root): path for path in (args.model, args.metrics_in, test_file)})
-    tags = lineage_tags(args.root, args.lock or args.root / "dvc.lock", candidate, inputs=own,
-                        params={args.params.name: {"register": record.of("register")}})
+    candidate, curve = gate_candidate(evaluated, shipped, figures)
+    tags = version_tags(args.root, args.lock or args.root / "dvc.lock", candidate,
+                        (args.model, args.metrics_in, args.data / "test.npz"),
+                        {args.params.name: {"register": record.of("register")}})
     example = image_frame(load_split(args.data, "test").images[:1])
     classes = read_json(args.model / "cascade.json")["meta"]["classes"]  # what the gate compares first
     with stage_run("register", experiment=TrackingConfig.from_params(params).experiment, root=args.root,

@@ -107,6 +107,38 @@ def shipped_row(results: Mapping[str, Any], shipped: str = "cascade") -> Mapping
     return results["cascade"] if shipped == "cascade" else results["baselines"][shipped]
 
 
+def _rows(results: Mapping[str, Any], shipped: str, acc: float, macs: float, se: float) -> list[dict[str, Any]]:
+    """Every other model of the run against the shipped one: its gain in points, its MACs ratio, and
+    whether it dominates or nearly dominates (``_beats``)."""
+    rows = []
+    for name, row in others(results, shipped).items():
+        a, m = float(row["accuracy"]), float(row["mean_macs"])
+        rows.append({"model": name, "accuracy": a, "mean_macs": m, "gain_pts": round(100 * (a - acc), 4),
+                     "macs_ratio": round(m / macs, 4) if macs else None,
+                     **dict(zip(("dominates", "nearly_dominates"), _beats(acc, macs, se, a, m), strict=True))})
+    return rows
+
+
+def _verdict(rows: list[dict[str, Any]], shipped: str, se: float, n_test: int, gap: float, within: bool) -> str:
+    """The one sentence: dominated (by the most accurate that dominates), nearly, under its best exit, or not."""
+    near = [r for r in rows if r["nearly_dominates"]]
+    if any(r["dominates"] for r in rows):
+        worst = max((r for r in rows if r["dominates"]), key=lambda r: r["accuracy"])
+        return (f"DOMINATED: {worst['model']} reads {worst['gain_pts']:+.2f} points at "
+                f"{worst['macs_ratio']:.2f}x the shipped {_what(shipped)}'s MACs (one SE is {100 * se:.2f} points "
+                f"on {n_test} test images); the registry will not make it champion")
+    if near:
+        worst = max(near, key=lambda r: r["accuracy"])
+        return (f"not dominated by the rule (no better model at <= its MACs), but {worst['model']} reads "
+                f"{worst['gain_pts']:+.2f} points at {worst['macs_ratio']:.2f}x its MACs (one SE is "
+                f"{100 * se:.2f} points on {n_test} test images): nearly the same cost, clearly better")
+    if not within:
+        return (f"not dominated, but {100 * gap:.2f} points under its best exit (more than "
+                f"{100 * WITHIN_BEST_EXIT:.1f} + one SE of {100 * se:.2f})")
+    return (f"not dominated: no other model of this run at <= its MACs reads more than one SE "
+            f"({100 * se:.2f} points on {n_test} test images) higher")
+
+
 def dominance(results: Mapping[str, Any], n_test: int, shipped: str = "cascade") -> dict[str, Any]:
     """The shipped model (the calibrated cascade or the plain CNN the held-out rule chose) against every
     other model of the run, on test: who dominates it, how far it reads under the cascade's best exit,
@@ -114,61 +146,13 @@ def dominance(results: Mapping[str, Any], n_test: int, shipped: str = "cascade")
     row = shipped_row(results, shipped)
     acc, macs = float(row["accuracy"]), float(row["mean_macs"])
     se = std_error(acc, n_test)
-    rows = []
-    for name, row in others(results, shipped).items():
-        a, m = float(row["accuracy"]), float(row["mean_macs"])
-        rows.append(
-            {
-                "model": name,
-                "accuracy": a,
-                "mean_macs": m,
-                "gain_pts": round(100 * (a - acc), 4),
-                "macs_ratio": round(m / macs, 4) if macs else None,
-                **dict(zip(("dominates", "nearly_dominates"), _beats(acc, macs, se, a, m), strict=True)),
-            }
-        )
-    exits = [float(r["accuracy"]) for r in results["each_exit_alone"]]
-    best_exit = max(exits)
+    rows = _rows(results, shipped, acc, macs, se)
+    best_exit = max(float(r["accuracy"]) for r in results["each_exit_alone"])
     by = [r["model"] for r in rows if r["dominates"]]
-    near = [r for r in rows if r["nearly_dominates"]]
     gap = best_exit - acc
     within = gap <= WITHIN_BEST_EXIT + se
-    if by:
-        worst = max((r for r in rows if r["dominates"]), key=lambda r: r["accuracy"])
-        verdict = (
-            f"DOMINATED: {worst['model']} reads {worst['gain_pts']:+.2f} points at "
-            f"{worst['macs_ratio']:.2f}x the shipped {_what(shipped)}'s MACs (one SE is {100 * se:.2f} points "
-            f"on {n_test} test images); the registry will not make it champion"
-        )
-    elif near:
-        worst = max(near, key=lambda r: r["accuracy"])
-        verdict = (
-            f"not dominated by the rule (no better model at <= its MACs), but {worst['model']} reads "
-            f"{worst['gain_pts']:+.2f} points at {worst['macs_ratio']:.2f}x its MACs (one SE is "
-            f"{100 * se:.2f} points on {n_test} test images): nearly the same cost, clearly better"
-        )
-    elif not within:
-        verdict = (
-            f"not dominated, but {100 * gap:.2f} points under its best exit (more than "
-            f"{100 * WITHIN_BEST_EXIT:.1f} + one SE of {100 * se:.2f})"
-        )
-    else:
-        verdict = (
-            f"not dominated: no other model of this run at <= its MACs reads more than one SE "
-            f"({100 * se:.2f} points on {n_test} test images) higher"
-        )
-    return {
-        "model": shipped,
-        "accuracy": acc,
-        "mean_macs": macs,
-        "test_images": n_test,
-        "se": se,
-        "dominated": bool(by),
-        "dominated_by": by,
-        "nearly_dominated_by": [r["model"] for r in near],
-        "best_exit_accuracy": best_exit,
-        "gap_to_best_exit_pts": round(100 * gap, 4),
-        "within_best_exit": within,
-        "others": rows,
-        "verdict": verdict,
-    }
+    return {"model": shipped, "accuracy": acc, "mean_macs": macs, "test_images": n_test, "se": se,
+            "dominated": bool(by), "dominated_by": by,
+            "nearly_dominated_by": [r["model"] for r in rows if r["nearly_dominates"]],
+            "best_exit_accuracy": best_exit, "gap_to_best_exit_pts": round(100 * gap, 4), "within_best_exit": within,
+            "others": rows, "verdict": _verdict(rows, shipped, se, n_test, gap, within)}

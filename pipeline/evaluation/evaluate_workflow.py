@@ -16,7 +16,7 @@ from pipeline.data.grader_store import GRADER_FILE, levels_of, load_grader
 from pipeline.device import ComputeConfig, autocast, to_device
 from pipeline.evaluation.figures import comparison_table
 from pipeline.evaluation.routing_verdict import verdict_lines
-from pipeline.evaluation.suite import evaluation_suite, summary_line
+from pipeline.evaluation.suite import SuiteData, SuiteModels, SuiteSettings, evaluation_suite, summary_line
 from pipeline.io import load_held_out, load_split, read_json
 from pipeline.models.profile import CostModel
 from pipeline.params.config import CalibrateConfig
@@ -101,7 +101,7 @@ def evaluate_models(inputs: EvaluateInputs, cal: CalibrateConfig, base: Baseline
                        inputs.graded / "scores.csv")
     with torch.no_grad(), autocast(device, compute.precision):
         results, curves = evaluation_suite(
-            main, testset, fixed, fixed_at_macs, plain, test=test, calib=calib, x=x, xc=xc, levels=levels,
-            costs=costs, models=inputs.models, grid=cal.grid, batch1_images=batch1_images,
-            epoch_budget=_epoch_budget(inputs, base, modules), predictability_splits=route_calib, shipped=shipped)
+            SuiteModels(main, testset, fixed, fixed_at_macs, plain),
+            SuiteData(test, calib, x, xc, levels, route_calib),
+            SuiteSettings(costs, inputs.models, cal.grid, batch1_images, _epoch_budget(inputs, base, modules), shipped))
     return EvaluationResult(results, curves, tuple(meta.classes), shipped)

@@ -53,11 +53,10 @@ def cascade_summary(out: CascadeOutput, labels: np.ndarray, n_classes: int, leve
     return summary
 
 
-def all_exit_figures(stages: Sequence[Stage], x: torch.Tensor, labels: np.ndarray, kind: str,
-                     decay: float = 0.0) -> dict[str, Any]:
-    """Each exit (accuracy, mean MACs to reach it), the oracle, and the arrays for curves; with
-    ``decay`` > 0 each exit answers with the exit ensemble, as the cascade does."""
-    outs = run_all_exits(stages, x, confidence_kind=kind, batch_size=512, ensemble_decay=decay)
+def exit_figures(outs: dict[str, torch.Tensor], labels: np.ndarray) -> dict[str, Any]:
+    """Each exit (accuracy, mean MACs to reach it), the oracle, and the arrays for curves, from
+    ``run_all_exits``'s outputs (or ``records.all_exits``'); with an exit ensemble in them, each exit
+    answers with it, as the cascade does."""
     correct = (to_numpy(outs["pred"]) == labels[:, None])
     cum = to_numpy(outs["cum_macs"]).astype(np.float64)
     o_acc, o_macs = oracle(correct, cum)

@@ -60,7 +60,12 @@ def held_out_predictability(twin: Sequence[Stage], recorded: Candidates, fit: tu
 def served_choices(stages: Sequence[Stage], recorded: Candidates, x: torch.Tensor, kind: str) -> dict[int, np.ndarray]:
     """Per module with several recorded candidates: the recorded candidate (index) the shipped cascade
     runs on each image, -1 where its path is not among them (no early exits: every image)."""
-    choices = to_numpy(run_all_exits(stages, x, confidence_kind=kind, batch_size=512)["choices"])
+    return served_from(stages, recorded, to_numpy(run_all_exits(stages, x, confidence_kind=kind,
+                                                                 batch_size=512)["choices"]))
+
+
+def served_from(stages: Sequence[Stage], recorded: Candidates, choices: np.ndarray) -> dict[int, np.ndarray]:
+    """``served_choices`` from the (N, K) candidate each module ran on each image with no early exit."""
     out = {}
     for k, (stage, (archs, _)) in enumerate(zip(stages, recorded, strict=True), start=1):
         if len(archs) >= 2:

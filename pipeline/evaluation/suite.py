@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,9 @@ import torch
 
 from pipeline.evaluation.dominance import dominance
 from pipeline.evaluation.figures import (
-    all_exit_figures,
-    candidate_correct,
     candidate_exits,
     cascade_summary,
+    exit_figures,
     fitted_curve,
     routing_candidates,
     routing_oracle,
@@ -31,16 +31,19 @@ from pipeline.evaluation.figures import (
     timing_noisy,
     to_numpy,
 )
-from pipeline.evaluation.routing_verdict import held_out_predictability, routing_verdicts, served_choices
-from pipeline.evaluation.two_cnn import baseline_arrays, evaluate_baselines
+from pipeline.evaluation.records import ExitRecord, all_exits, cascade_output, record_models, scored_candidates
+from pipeline.evaluation.routing_verdict import held_out_predictability, routing_verdicts, served_from
+from pipeline.evaluation.two_cnn import baseline_arrays, baseline_figures
 from pipeline.io import Split, atomic_path
 from pipeline.models.modules import SupernetModule
 from pipeline.models.profile import CostModel
 from pipeline.report.plots import anytime_plot, budget_plot, confusion_plot
-from pipeline.routing.engine import Stage, run_cascade
+from pipeline.routing.engine import CascadeOutput, Stage
 from pipeline.routing.package import LoadedCascade
 from pipeline.train.baselines import Baselines
 
+PLOT_LABELS = ("cascade (selected routing)", "static selection (claim 8)", "fixed cascade (default paths)",
+               "two plain CNNs")
 STATIC_ROWS = ("largest_candidate_static", "smallest_candidate_static", "space_largest_static",
                "space_smallest_static", "default_static")
 Labelled = tuple[torch.Tensor, np.ndarray]  # preprocessed images on the cascade's device, labels
@@ -84,111 +87,176 @@ def headline(results: dict) -> dict:
             **({"dominated": bool(results["shipped"]["dominated"])} if "shipped" in results else {})}
 
 
-def evaluation_suite(main: LoadedCascade, testset: LoadedCascade, fixed_model: LoadedCascade,
-                     fixed_at_macs: LoadedCascade, plain: Baselines, *, test: Split, calib: Split,
-                     x: torch.Tensor, xc: torch.Tensor, levels: np.ndarray | None, costs: CostModel,
-                     models: Path, grid: int, batch1_images: int,
-                     epoch_budget: dict[str, Any],
-                     predictability_splits: tuple[Labelled, Labelled] | None = None,
-                     shipped: str = "cascade") -> tuple[dict[str, Any], dict[str, list[dict]]]:
-    """Every figure of ``metrics/evaluate.json`` (in its order) and the four budget curves by plot label.
-    ``main``: the calibrated cascade; ``testset``: its static-selection twin; ``fixed_model`` /
-    ``fixed_at_macs``: the fixed-path cascade calibrated on its own / at the cascade's calib MACs.
-    ``x``/``xc``: the test/calib images preprocessed for the cascades (on their device); ``test``/
-    ``calib``: the raw splits (labels; uint8 images for the plain CNNs). ``predictability_splits``:
-    (`route`, `calib`) as (preprocessed images, labels), on which the routing verdict measures how
-    predictable the right candidate is (None: not measured). ``shipped``: what calibrate shipped (the
-    cascade, or the plain CNN it chose on held-out images), whose dominance is read. Run it with grad
-    disabled."""
-    meta = main.meta
-    kind, n_classes = meta.confidence_kind, len(meta.classes)
-    y, yc = test.labels, calib.labels
-    results: dict = {}
-    decay, t_decay, f_decay = (m.meta.ensemble_decay for m in (main, testset, fixed_model))
+@dataclass(frozen=True)
+class SuiteModels:
+    """What evaluate compares: ``main`` the calibrated cascade, ``testset`` its static-selection twin,
+    ``fixed`` / ``fixed_at_macs`` the fixed-path cascade calibrated on its own / at the cascade's calib
+    MACs, ``plain`` the two plain CNNs."""
 
-    def arrays(stages: list[Stage], images: torch.Tensor, labels: np.ndarray, d: float) -> dict:
-        return all_exit_figures(stages, images, labels, kind, d)
+    main: LoadedCascade
+    testset: LoadedCascade
+    fixed: LoadedCascade
+    fixed_at_macs: LoadedCascade
+    plain: Baselines
 
-    def curve_of(stages: list[Stage], d: float, on_test: dict) -> list[dict]:
-        on_calib = arrays(stages, xc, yc, d)
-        return fitted_curve(tuple(on_calib[k] for k in ("_conf", "_correct", "_cum")),
-                            tuple(on_test[k] for k in ("_conf", "_correct", "_cum")), grid=grid)
+    def cascades(self) -> dict[str, LoadedCascade]:
+        return {"main": self.main, "testset": self.testset, "fixed": self.fixed, "fixed_at_macs": self.fixed_at_macs}
 
-    routed = run_cascade(main.stages, x, confidence_kind=kind, batch_size=256, ensemble_decay=decay)
-    cascade = cascade_summary(routed, y, n_classes, levels)
-    cascade["ensemble_decay"] = decay
-    cascade["thresholds"] = [s.threshold for s in main.stages[:-1]]
-    results["cascade"] = cascade
-    results["static_selection"] = {
-        **cascade_summary(run_cascade(testset.stages, x, confidence_kind=kind, batch_size=256,
-                                      ensemble_decay=t_decay), y, n_classes, levels),
-        "ensemble_decay": t_decay, "thresholds": [s.threshold for s in testset.stages[:-1]]}
-    exits = arrays(main.stages, x, y, decay)
-    results["each_exit"], results["oracle"] = exits["exits"], exits["oracle"]
-    results["each_exit_alone"] = all_exit_figures(main.stages, x, y, kind)["exits"]  # no ensemble
-    curve = curve_of(main.stages, decay, exits)
-    curve_static = curve_of(testset.stages, t_decay, arrays(testset.stages, x, y, t_decay))
-    statics = {}
-    f_exits = arrays(fixed_model.stages, x, y, f_decay)
-    curve_fixed = curve_of(fixed_model.stages, f_decay, f_exits)
-    fixed = cascade_summary(run_cascade(fixed_model.stages, x, confidence_kind=kind, batch_size=256,
-                                        ensemble_decay=f_decay), y, n_classes, None)
-    a_decay = fixed_at_macs.meta.ensemble_decay
-    fixed_at = cascade_summary(run_cascade(fixed_at_macs.stages, x, confidence_kind=kind, batch_size=256,
-                                           ensemble_decay=a_decay), y, n_classes, None)
-    results["baselines"] = {
-        **evaluate_baselines(plain, test.images, y),
-        "fixed_cascade": {"accuracy": fixed["accuracy"], "mean_macs": fixed["mean_macs"],
-                          "exit_share": fixed["exit_share"],
-                          "thresholds": [s.threshold for s in fixed_model.stages[:-1]],
-                          "ensemble_decay": f_decay,
-                          "each_exit": f_exits["exits"]},
-        "fixed_cascade_at_cascade_macs": {
-            "accuracy": fixed_at["accuracy"], "mean_macs": fixed_at["mean_macs"],
-            "exit_share": fixed_at["exit_share"],
-            "thresholds": [s.threshold for s in fixed_at_macs.stages[:-1]], "ensemble_decay": a_decay}}
-    curve_two_cnn = fitted_curve(baseline_arrays(plain, calib.images, yc),
-                                 baseline_arrays(plain, test.images, y), grid=grid)
-    recorded = routing_candidates(models, costs, main.stages)
-    scored = candidate_correct(main.stages, x, y, kind, recorded, decay=decay)
-    results["candidate_exits"] = candidate_exits(scored)
-    table = routing_table(main.stages, to_numpy(routed.choices), recorded, results["candidate_exits"],
-                          routing_oracle(scored))
-    pred = ({} if predictability_splits is None else  # fitted on route, read on calib: never on test
-            held_out_predictability(testset.stages, recorded, *predictability_splits, kind, t_decay))
-    results["routing"] = routing_verdicts(
-        table, models, scored, served_choices(main.stages, recorded, x, kind), to_numpy(routed.choices) >= 0,
-        [s.predictor_macs for s in main.stages], pred, cascade, results["static_selection"])
-    for name in STATIC_ROWS:
-        stages = static_stages(main.stages, costs, name.removesuffix("_static"))
-        out = run_cascade(stages, x, confidence_kind=kind, batch_size=256)
-        statics[name] = (stages, {"accuracy": float((to_numpy(out.pred) == y).mean()),
-                                  "mean_macs": float(out.macs.float().mean()),
-                                  "paths": [s.candidates[0].key() for s in stages]})
-        results[name] = statics[name][1]
+
+@dataclass(frozen=True)
+class SuiteData:
+    """``test`` / ``calib``: the raw splits (labels; uint8 images for the plain CNNs); ``x`` / ``xc``:
+    their images preprocessed for the cascades (on their device); ``levels``: the test images' curriculum
+    levels (None: not graded); ``predictability``: (`route`, `calib`) as (preprocessed images, labels),
+    on which the routing verdict measures how predictable the right candidate is (None: not measured)."""
+
+    test: Split
+    calib: Split
+    x: torch.Tensor
+    xc: torch.Tensor
+    levels: np.ndarray | None = None
+    predictability: tuple[Labelled, Labelled] | None = None
+
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    """``models``: the trained modules (their recorded routing candidates); ``grid``: thresholds per exit
+    of the budget curves; ``batch1_images``: images timed one by one; ``epoch_budget``: epochs as trained;
+    ``shipped``: what calibrate shipped (the cascade, or the plain CNN it chose), whose dominance is read."""
+
+    costs: CostModel
+    models: Path
+    grid: int
+    batch1_images: int
+    epoch_budget: dict[str, Any]
+    shipped: str = "cascade"
+
+
+def _cascade_row(record: ExitRecord, model: LoadedCascade, y: np.ndarray, levels: np.ndarray | None,
+                 full: bool = True) -> tuple[dict[str, Any], CascadeOutput]:
+    """A calibrated cascade's summary on test (its thresholds, its exit ensemble) and its outputs."""
+    thresholds, decay = [s.threshold for s in model.stages[:-1]], model.meta.ensemble_decay
+    out = cascade_output(record, model.meta.confidence_kind, thresholds, decay)
+    row = cascade_summary(out, y, len(model.meta.classes), levels)
+    if not full:
+        return {"accuracy": row["accuracy"], "mean_macs": row["mean_macs"], "exit_share": row["exit_share"]}, out
+    return {**row, "ensemble_decay": decay, "thresholds": thresholds}, out
+
+
+def _static_rows(main: LoadedCascade, costs: CostModel, x: torch.Tensor,
+                 y: np.ndarray) -> tuple[dict[str, dict], dict[str, list[Stage]]]:
+    """The cascade's modules on fixed paths, no predictor, no early exit (``STATIC_ROWS``)."""
+    stages = {name: static_stages(main.stages, costs, name.removesuffix("_static")) for name in STATIC_ROWS}
+    records = record_models(stages, x)
+    rows = {}
+    for name, path in stages.items():
+        out = cascade_output(records[name], main.meta.confidence_kind, [s.threshold for s in path[:-1]])
+        rows[name] = {"accuracy": float((to_numpy(out.pred) == y).mean()), "mean_macs": float(out.macs.float().mean()),
+                      "paths": [s.candidates[0].key() for s in path]}
+    return rows, stages
+
+
+def _curves(models: SuiteModels, data: SuiteData, test: dict[str, dict], grid: int) -> dict[str, list[dict]]:
+    """The budget curves: thresholds fitted on calib at each budget, read on test (``fitted_curve``)."""
+    calib = record_models({name: models.cascades()[name].stages for name in ("main", "testset", "fixed")}, data.xc)
+    keys = ("_conf", "_correct", "_cum")
+    out = {}
+    for name, label in (("main", "cascade"), ("testset", "static_selection"), ("fixed", "fixed_cascade")):
+        m = models.cascades()[name]
+        outs = all_exits(calib[name], m.meta.confidence_kind, m.meta.ensemble_decay)
+        on_calib = exit_figures(outs, data.calib.labels)
+        out[label] = fitted_curve(tuple(on_calib[k] for k in keys), tuple(test[name][k] for k in keys), grid=grid)
+    return out
+
+
+def _baselines(models: SuiteModels, data: SuiteData, records: dict[str, ExitRecord],
+               fixed_exits: list[dict]) -> tuple[dict[str, Any], tuple[np.ndarray, ...]]:
+    """The plain CNNs (one pass each over test), the fixed cascade at its own point and at the cascade's
+    calib MACs; and the plain CNNs' test arrays (the two-CNN budget curve reads them)."""
+    y = data.test.labels
+    arrays = baseline_arrays(models.plain, data.test.images, y)
+    fixed, _ = _cascade_row(records["fixed"], models.fixed, y, None, full=False)
+    at, _ = _cascade_row(records["fixed_at_macs"], models.fixed_at_macs, y, None, full=False)
+    return {**baseline_figures(models.plain, arrays),
+            "fixed_cascade": {**fixed, "thresholds": [s.threshold for s in models.fixed.stages[:-1]],
+                              "ensemble_decay": models.fixed.meta.ensemble_decay, "each_exit": fixed_exits},
+            "fixed_cascade_at_cascade_macs": {
+                **at, "thresholds": [s.threshold for s in models.fixed_at_macs.stages[:-1]],
+                "ensemble_decay": models.fixed_at_macs.meta.ensemble_decay}}, arrays
+
+
+def _routing(models: SuiteModels, data: SuiteData, settings: SuiteSettings, record: ExitRecord,
+             routed: CascadeOutput, results: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """Each routing candidate as an exit, and the routing table with its verdicts (``routing_verdict``)."""
+    main, twin, kind = models.main, models.testset, models.main.meta.confidence_kind
+    recorded = routing_candidates(settings.models, settings.costs, main.stages)
+    scored = scored_candidates(record, data.test.labels, main.meta.ensemble_decay)
+    rows = candidate_exits(scored)
+    table = routing_table(main.stages, to_numpy(routed.choices), recorded, rows, routing_oracle(scored))
+    pred = ({} if data.predictability is None else  # fitted on route, read on calib: never on test
+            held_out_predictability(twin.stages, recorded, *data.predictability, kind, twin.meta.ensemble_decay))
+    verdicts = routing_verdicts(table, settings.models, scored, served_from(main.stages, recorded,
+                                                                            to_numpy(record.choices)),
+                                to_numpy(routed.choices) >= 0, [s.predictor_macs for s in main.stages], pred,
+                                results["cascade"], results["static_selection"])
+    return rows, verdicts
+
+
+def _timing(main: LoadedCascade, static: list[Stage], x: torch.Tensor, batch1_images: int,
+            results: dict[str, Any]) -> tuple[dict, dict]:
+    """Wall clock of the real engine: the cascade against its paths without exits."""
+    kind = main.meta.confidence_kind
     timing = {"cascade": time_cascade(main.stages, x, kind, batch1_images=batch1_images, big_batch=256,
-                                      decay=decay),
-              "largest_candidate_static": time_cascade(statics["largest_candidate_static"][0], x, kind,
-                                                       batch1_images=batch1_images, big_batch=256)}
-    big = results["largest_candidate_static"]
+                                      decay=main.meta.ensemble_decay),
+              "largest_candidate_static": time_cascade(static, x, kind, batch1_images=batch1_images, big_batch=256)}
+    big, cascade = results["largest_candidate_static"], results["cascade"]
     macs_ratio = big["mean_macs"] / cascade["mean_macs"]
     speedup = timing["cascade"]["throughput_b256"] / timing["largest_candidate_static"]["throughput_b256"]
-    results["timing"] = timing
-    results["vs_largest_candidate"] = {
+    return timing, {
         "accuracy_gap_points": 100 * (big["accuracy"] - cascade["accuracy"]),
         "macs_share": cascade["mean_macs"] / big["mean_macs"], "macs_ratio": macs_ratio,
         "throughput_speedup_b256": speedup, "speedup_over_macs_ratio": speedup / macs_ratio,
         "timing_noisy": timing_noisy(timing["cascade"], timing["largest_candidate_static"]),
         "latency_speedup_b1": timing["largest_candidate_static"]["latency_ms_b1_median"]
         / timing["cascade"]["latency_ms_b1_median"]}
-    results["budget_curves"] = {"cascade": curve, "static_selection": curve_static,
-                                "fixed_cascade": curve_fixed, "two_cnn_cascade": curve_two_cnn}
-    results["epoch_budget"] = epoch_budget
-    results["shipped"] = dominance(results, len(y), shipped)  # is it dominated by another model of the run?
+
+
+def record_test(models: SuiteModels, data: SuiteData, settings: SuiteSettings) -> dict[str, ExitRecord]:
+    """The four cascades' one pass each over test (a network two of them share runs once); the
+    shipped cascade's also runs each recorded routing candidate as its module's exit."""
+    recorded = {"main": routing_candidates(settings.models, settings.costs, models.main.stages)}
+    return record_models({name: m.stages for name, m in models.cascades().items()}, data.x, recorded)
+
+
+def evaluation_suite(models: SuiteModels, data: SuiteData,
+                     settings: SuiteSettings) -> tuple[dict[str, Any], dict[str, list[dict]]]:
+    """Every figure of ``metrics/evaluate.json`` (in its order) and the four budget curves by plot label,
+    each read off one engine pass per model over test (``records``), then timed. Run it with grad
+    disabled."""
+    main, y, kind = models.main, data.test.labels, models.main.meta.confidence_kind
+    records = record_test(models, data, settings)
+    results: dict[str, Any] = {}
+    results["cascade"], routed = _cascade_row(records["main"], main, y, data.levels)
+    results["static_selection"], _ = _cascade_row(records["testset"], models.testset, y, data.levels)
+    test = {name: exit_figures(all_exits(records[name], kind, models.cascades()[name].meta.ensemble_decay), y)
+            for name in ("main", "testset", "fixed")}
+    results["each_exit"], results["oracle"] = test["main"]["exits"], test["main"]["oracle"]
+    results["each_exit_alone"] = exit_figures(all_exits(records["main"], kind), y)["exits"]  # no ensemble
+    results["baselines"], plain_test = _baselines(models, data, records, test["fixed"]["exits"])
+    results["candidate_exits"], results["routing"] = _routing(models, data, settings, records["main"], routed,
+                                                              results)
+    statics, static_paths = _static_rows(main, settings.costs, data.x, y)
+    results.update(statics)
+    results["timing"], results["vs_largest_candidate"] = _timing(
+        main, static_paths["largest_candidate_static"], data.x, settings.batch1_images, results)
+    curves = _curves(models, data, test, settings.grid)
+    curves["two_cnn_cascade"] = fitted_curve(baseline_arrays(models.plain, data.calib.images, data.calib.labels),
+                                             plain_test, grid=settings.grid)
+    results["budget_curves"] = curves
+    results["epoch_budget"] = settings.epoch_budget
+    results["shipped"] = dominance(results, len(y), settings.shipped)  # dominated by another model of the run?
     results["targets"] = target_checks(results)
-    curves = {"cascade (selected routing)": curve, "static selection (claim 8)": curve_static,
-              "fixed cascade (default paths)": curve_fixed, "two plain CNNs": curve_two_cnn}
-    return results, curves
+    return results, dict(zip(PLOT_LABELS, curves.values(), strict=True))
 
 
 def write_evaluation_plots(directory: str | os.PathLike[str], results: dict[str, Any],

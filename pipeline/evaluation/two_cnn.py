@@ -84,7 +84,12 @@ def evaluate_baselines(source: str | os.PathLike[str] | Baselines, images_uint8:
                        labels: np.ndarray) -> dict[str, dict[str, float]]:
     """Accuracy and mean MACs of each net and of the two chained (at the calibrated threshold)."""
     b = _loaded(source)
-    conf, correct, cum = baseline_arrays(b, images_uint8, labels)
+    return baseline_figures(b, baseline_arrays(b, images_uint8, labels))
+
+
+def baseline_figures(b: Baselines, arrays: tuple[np.ndarray, np.ndarray, np.ndarray]) -> dict[str, dict[str, float]]:
+    """``evaluate_baselines`` from ``baseline_arrays``' (N, 2) conf, correct and cumulative MACs."""
+    conf, correct, cum = arrays
     return {
         SMALL: {"accuracy": float(correct[:, 0].mean()), "mean_macs": float(b.meta.macs_small)},
         LARGE: {"accuracy": float(correct[:, 1].mean()), "mean_macs": float(b.meta.macs_large)},

@@ -89,6 +89,46 @@ def _after_problem(name: str, after: Any, names: list[str], mkey: str) -> str | 
     return f"{mkey}.after must be {want!r} (modules run in series: {fix}), got {after!r}"
 
 
+def _spec_problems(mod: Mapping[str, Any], mkey: str) -> list[str]:
+    """Module ``mkey``'s ``spec``: present, fixed keys only for a fixed module, a supernet's required keys."""
+    spec = mod.get("spec")
+    if "spec" not in mod:
+        return [f"{mkey}.spec is missing"]
+    if isinstance(spec, Mapping) and spec.get("kind") == "fixed":
+        problems = [f"{mkey}.spec.{name_} is for supernet modules only (kind: fixed), got {spec[name_]!r}"
+                    for name_ in SUPERNET_ONLY if name_ in spec]
+        rest = {k: v for k, v in spec.items() if k not in SUPERNET_ONLY}
+        fixed = {k: v for k, v in MODULE_SPEC.items() if k not in SUPERNET_ONLY}
+        return problems + check_section(rest, Section(fixed, rules=(_spec_rules,)), f"{mkey}.spec")
+    problems = []
+    if isinstance(spec, Mapping) and spec.get("kind") == "supernet":
+        problems += [f"{mkey}.spec.{name_} is missing (required for a supernet module)"
+                     for name_ in SUPERNET_REQUIRES if name_ not in spec]
+    return problems + check_section(spec, Section(MODULE_SPEC, rules=(_spec_rules,)), f"{mkey}.spec")
+
+
+def _train_problems(mod: Mapping[str, Any], name: str, mkey: str, module_train: dict[str, Key],
+                    train_valid: Mapping[str, Any], base_rules: set, *, train_keys: dict[str, Key],
+                    train_rules: Rules) -> list[str]:
+    """Module ``mkey``'s ``train`` overrides: known keys, and the rules across train keys on what the
+    module trains with (``train`` overlaid by its override); a rule ``train`` itself breaks is named there."""
+    override = mod.get("train")
+    if override is None:
+        override = {}
+    if not isinstance(override, Mapping):
+        return [f"{mkey}.train must be a mapping of train overrides, got {override!r}"]
+    problems = check_section(override, Section(module_train), f"{mkey}.train")
+    merged = {**defaults_of(train_keys), **train_valid, **valid_values(override, module_train)}
+    for k, message in train_rules(merged):
+        if k in override:
+            problems.append(f"{mkey}.train.{k} {message}")
+        elif (k, message) in base_rules:
+            problems.append(f"train.{k} {message}")  # the same for every module: reported once
+        else:
+            problems.append(f"train.{k} {message} (for module {name}, with its {mkey}.train overrides)")
+    return problems
+
+
 def check_modules(value: Any, key: str, params: Mapping[str, Any], *, train_keys: dict[str, Key], train_rules: Rules,
                   levels: int | None, partial: bool = False) -> list[str]:
     """Every problem of the ``modules`` section ``value``: the names m1..mK, each module's ``after``,
@@ -115,38 +155,9 @@ def check_modules(value: Any, key: str, params: Mapping[str, Any], *, train_keys
         after = _after_problem(str(name), mod.get("after"), names, mkey)
         if after and not (partial and "after" not in mod):  # a stage run by hand does not read it
             problems.append(after)
-        spec = mod.get("spec")
-        if "spec" not in mod:
-            problems.append(f"{mkey}.spec is missing")
-        elif isinstance(spec, Mapping) and spec.get("kind") == "fixed":
-            for name_ in SUPERNET_ONLY:
-                if name_ in spec:
-                    problems.append(f"{mkey}.spec.{name_} is for supernet modules only (kind: fixed), "
-                                    f"got {spec[name_]!r}")
-            rest = {k: v for k, v in spec.items() if k not in SUPERNET_ONLY}
-            fixed = {k: v for k, v in MODULE_SPEC.items() if k not in SUPERNET_ONLY}
-            problems += check_section(rest, Section(fixed, rules=(_spec_rules,)), f"{mkey}.spec")
-        else:
-            if isinstance(spec, Mapping) and spec.get("kind") == "supernet":
-                problems += [f"{mkey}.spec.{name_} is missing (required for a supernet module)"
-                             for name_ in SUPERNET_REQUIRES if name_ not in spec]
-            problems += check_section(spec, Section(MODULE_SPEC, rules=(_spec_rules,)), f"{mkey}.spec")
-        override = mod.get("train")
-        if override is None:
-            override = {}
-        if not isinstance(override, Mapping):
-            problems.append(f"{mkey}.train must be a mapping of train overrides, got {override!r}")
-            continue
-        problems += check_section(override, Section(module_train), f"{mkey}.train")
-        # The rules across train keys hold for what module mK trains with: train overlaid by its override.
-        merged = {**defaults_of(train_keys), **train_valid, **valid_values(override, module_train)}
-        for k, message in train_rules(merged):
-            if k in override:
-                problems.append(f"{mkey}.train.{k} {message}")
-            elif (k, message) in base_rules:
-                problems.append(f"train.{k} {message}")  # the same for every module: reported once
-            else:
-                problems.append(f"train.{k} {message} (for module {name}, with its {mkey}.train overrides)")
+        problems += _spec_problems(mod, mkey)
+        problems += _train_problems(mod, str(name), mkey, module_train, train_valid, base_rules,
+                                    train_keys=train_keys, train_rules=train_rules)
     if levels is not None and levels < len(value):
         problems.append(f"grade.levels must be >= the number of modules ({len(value)}): module k trains "
                         f"on the level-k id list, got {levels}")

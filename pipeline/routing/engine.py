@@ -101,7 +101,7 @@ def _forward(module: nn.Module, x: torch.Tensor, arch: Arch) -> tuple[torch.Tens
     return module(x) if isinstance(module, Subnet) else module(x, arch)
 
 
-def _run_stage(stage: Stage, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def run_stage(stage: Stage, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Route each row, run each chosen candidate once on its group -> features, logits, choice."""
     n = h.shape[0]
     if stage.predictor is None:
@@ -125,7 +125,7 @@ def _run_stage(stage: Stage, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return features, logits, choice
 
 
-def _spent(stage: Stage, choice: torch.Tensor) -> torch.Tensor:
+def spent_macs(stage: Stage, choice: torch.Tensor) -> torch.Tensor:
     """MACs per row at this stage: the chosen candidate's path plus the predictor (n,) long."""
     table = torch.tensor(stage.candidate_macs, dtype=torch.long, device=choice.device)  # (R,)
     return table[choice] + stage.predictor_macs  # (n,)
@@ -203,12 +203,12 @@ def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: s
         calls.append(active.numel())
         if active.numel() == 0:
             continue
-        features, logits, choice = _run_stage(stage, h)  # (n, C', H', W'), (n, classes), (n,)
+        features, logits, choice = run_stage(stage, h)  # (n, C', H', W'), (n, classes), (n,)
         if decay > 0.0:
             running = fold_exit(running, logits, decay)
             logits = ensemble_scores(running, k, decay)
         choices[active, k] = choice
-        macs[active] += _spent(stage, choice)
+        macs[active] += spent_macs(stage, choice)
         c = confidence(logits, confidence_kind)  # (n,)
         last = k == k_total - 1
         if last:
@@ -272,10 +272,10 @@ def _all_exits_batch(
     logits, choices, macs = [], [], []
     h = images  # (B, C, H, W)
     for stage in stages:
-        h, z, choice = _run_stage(stage, h)  # (B, C', H', W'), (B, classes), (B,)
+        h, z, choice = run_stage(stage, h)  # (B, C', H', W'), (B, classes), (B,)
         logits.append(z)
         choices.append(choice)
-        macs.append(_spent(stage, choice))
+        macs.append(spent_macs(stage, choice))
     stacked = combine_exits(torch.stack(logits, dim=1), decay)  # (B, K, classes)
     spent = torch.stack(macs, dim=1)  # (B, K)
     return {
@@ -326,5 +326,5 @@ class RoutedModule(nn.Module):
         self.predictor = stage.predictor
 
     def forward(self, x: torch.Tensor, arch: Arch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        features, logits, _ = _run_stage(self.stage, x)
+        features, logits, _ = run_stage(self.stage, x)
         return features, logits

@@ -94,6 +94,35 @@ def _values(points: Sequence[Arch], evaluate: Callable[[Arch], Any], executor: E
             f.cancel()
 
 
+def _loop(searcher: Searcher, result: SearchResult, evaluate: Callable[[Arch], float | None], budget: int,
+          executor: Executor | None, callback: Callable[[Evaluation], Any] | None,
+          stop: Callable[[Evaluation], bool] | None) -> None:
+    """Ask, evaluate, tell until the budget is spent, the searcher stops or ``stop`` says so;
+    ``result.stopped`` says which."""
+    while searcher.evaluations < budget:
+        points = searcher.ask()
+        if not points:
+            result.stopped = searcher.stopped or "budget"
+            return
+        take = points[:budget - searcher.evaluations]
+        for a in points[len(take):]:
+            searcher.cancel(a)
+        values = _values(take, evaluate, executor)
+        try:
+            for a, value in zip(take, values, strict=True):
+                record = searcher.tell(a, value)
+                if callback is not None:
+                    callback(record)
+                if stop is not None and stop(record):
+                    for rest in searcher.pending:
+                        searcher.cancel(rest)
+                    result.stopped = "stop"
+                    return
+        finally:
+            values.close()
+    result.stopped = "budget"
+
+
 def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budget: int,
            seed: int | np.random.Generator = 0, m: int = DEFAULTS["m"], step: float = DEFAULTS["step"],
            smoothing: float = DEFAULTS["smoothing"], pick: str = DEFAULTS["pick"],
@@ -145,31 +174,7 @@ def search(space: SearchSpace, evaluate: Callable[[Arch], float | None], *, budg
                         around=around, centres=centres, rate=rate, structure=structure, age=age, initial=initial)
     result = SearchResult(space, model=searcher.model)
 
-    def loop() -> None:
-        while searcher.evaluations < budget:
-            points = searcher.ask()
-            if not points:
-                result.stopped = searcher.stopped or "budget"
-                return
-            take = points[:budget - searcher.evaluations]
-            for a in points[len(take):]:
-                searcher.cancel(a)
-            values = _values(take, evaluate, executor)
-            try:
-                for a, value in zip(take, values, strict=True):
-                    record = searcher.tell(a, value)
-                    if callback is not None:
-                        callback(record)
-                    if stop is not None and stop(record):
-                        for rest in searcher.pending:
-                            searcher.cancel(rest)
-                        result.stopped = "stop"
-                        return
-            finally:
-                values.close()
-        result.stopped = "budget"
-
-    _guarded(result, loop)
+    _guarded(result, lambda: _loop(searcher, result, evaluate, budget, executor, callback, stop))
     result.history, result.iterations, result.model = searcher.history, searcher.iterations, searcher.model
     return result
 

@@ -156,29 +156,107 @@ def train_module(
                              soft_targets=soft_targets)
 
 
-def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels: np.ndarray, cfg: TrainConfig,
-                  *, cost_of: Callable[[Arch], float], cost_max: float, exit_saving: float,
-                  on_epoch: EpochCallback | None, progress: bool, checkpoint_dir: str | os.PathLike[str] | None,
-                  precision: str, layout: str, soft_targets: np.ndarray | None = None) -> TrainResult:
-    """:func:`train_module` with the module and prefix already in ``layout``."""
+def _check_trainable(module: nn.Module, prefix: Prefix, cost_max: float) -> None:
     if module in prefix:
         raise ValueError("the module being trained is part of its own frozen prefix")
     if cost_max <= 0:
         raise ValueError(f"cost_max must be > 0, got {cost_max}")
     if not any(q.requires_grad for q in module.parameters()):
         raise ValueError("the module has no trainable parameters (a Prefix freezes the modules it holds)")
+
+
+def _kd_targets(cfg: TrainConfig, soft_targets: np.ndarray | None, labels: np.ndarray,
+                device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None, np.ndarray]:
+    """Soft targets, labels on the device and what the batches carry (labels, or row indices with KD)."""
+    if cfg.kd <= 0:
+        return None, None, labels
+    # With soft targets the batches carry each image's row index (the same shuffle and augmentation
+    # draws as the labels would: only the gathered values differ); labels and targets are looked up.
+    soft_t = _soft_targets(soft_targets, labels, device)  # (N, K)
+    labels_t = torch.as_tensor(np.asarray(labels, dtype=np.int64), device=device)  # (N,)
+    return soft_t, labels_t, np.arange(len(labels), dtype=np.int64)
+
+
+@dataclass
+class _Run:
+    """One training run's parts and its running state (the sampler's model, the records)."""
+
+    module: nn.Module
+    prefix: Prefix
+    cfg: TrainConfig
+    data: Any  # Prefix.batches
+    optimizer: torch.optim.Optimizer
+    step_net: nn.Module
+    rows: torch.Tensor  # this rank's rows of every chunk
+    kd: tuple[torch.Tensor | None, torch.Tensor | None]  # soft targets and labels looked up by row index
+    device: torch.device
+    precision: str
+    layout: str
+    model: ProbModel | None
+    history: list[dict[str, Any]]
+    iterations: list[dict[str, Any]]
+
+
+def _step(run: _Run, x: torch.Tensor, y: torch.Tensor, epoch: int, i: int, w: Any) -> _StepStats:
+    """One optimiser step on a batch; a non-finite loss raises ``TrainingDiverged`` naming the step."""
+    cfg, n = run.cfg, len(run.data)
+    for group in run.optimizer.param_groups:
+        group["lr"] = learning_rate(cfg, (epoch - 1) * n + i, n)
+    if w.distributed:
+        x, y = x[run.rows], y[run.rows]  # (B / ranks, C, H, W): this rank's share of every chunk
+    soft = None
+    soft_t, labels_t = run.kd
+    if soft_t is not None and labels_t is not None:  # y holds row indices
+        soft, y = soft_t[y.to(run.device)], labels_t[y.to(run.device)]  # (B, K), (B,)
+    x = as_memory_format(x, run.layout)  # (B, C, H, W), strides of the layout
+    with autocast(run.device, run.precision):
+        h = run.prefix(x)  # (B, C_k, H_k, W_k)
+        out = run.step_net(h, y, run.model, soft)
+    run.optimizer.zero_grad(set_to_none=True)  # unpicked ops keep grad None: no decay, no momentum
+    out.loss.backward()
+    if cfg.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(run.module.parameters(), cfg.grad_clip)
+    run.optimizer.step()
+    if out.model is not None:
+        run.model = out.model
+        run.iterations.append({"epoch": epoch, "iteration": len(run.iterations) + 1, **out.info})
+    stats = _StepStats.of(out)
+    if not math.isfinite(stats.loss):
+        raise TrainingDiverged(f"training diverged: the loss is {stats.loss} at epoch {epoch}, "
+                               f"step {i + 1} of {n}; lower train.lr, set train.grad_clip "
+                               f"(e.g. 5) or lower train.kd")
+    return stats
+
+
+def _epoch(run: _Run, epoch: int, w: Any, progress: bool) -> dict[str, Any]:
+    """One epoch of steps and its record (with the sampler's summary for a supernet)."""
+    cfg, start, steps = run.cfg, time.perf_counter(), []
+    bar = tqdm(run.data.epoch(epoch), total=len(run.data), desc=f"epoch {epoch}/{cfg.epochs}",
+               disable=not progress or not w.main, leave=False)
+    epoch_lr = learning_rate(cfg, (epoch - 1) * len(run.data), len(run.data))
+    for i, (x, y) in enumerate(bar):
+        steps.append(_step(run, x, y, epoch, i, w))
+        bar.set_postfix(loss=f"{steps[-1].loss:.3f}", refresh=False)
+    bar.close()
+    seconds = time.perf_counter() - start
+    record = {"epoch": epoch, **_epoch_summary(steps, run.data.num_images, seconds, epoch_lr)}
+    if isinstance(run.module, SupernetModule):
+        record.update(_model_summary(run.model or ProbModel.uniform(run.module.space), steps))
+    return record
+
+
+def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels: np.ndarray, cfg: TrainConfig,
+                  *, cost_of: Callable[[Arch], float], cost_max: float, exit_saving: float,
+                  on_epoch: EpochCallback | None, progress: bool, checkpoint_dir: str | os.PathLike[str] | None,
+                  precision: str, layout: str, soft_targets: np.ndarray | None = None) -> TrainResult:
+    """:func:`train_module` with the module and prefix already in ``layout``."""
+    _check_trainable(module, prefix, cost_max)
     supernet = isinstance(module, SupernetModule)
     device = module_device(module)
     autocast(device, precision)  # a bad precision fails before any training
     w = distributed.world()
     rows = distributed.rank_rows(cfg.batch_size, min(cfg.m, cfg.batch_size) if supernet else 1, w).to(device)
-    soft_t, labels_t, carried = None, None, labels
-    if cfg.kd > 0:
-        # With soft targets the batches carry each image's row index (the same shuffle and augmentation
-        # draws as the labels would: only the gathered values differ); labels and targets are looked up.
-        soft_t = _soft_targets(soft_targets, labels, device)  # (N, K)
-        labels_t = torch.as_tensor(np.asarray(labels, dtype=np.int64), device=device)  # (N,)
-        carried = np.arange(len(labels), dtype=np.int64)
+    soft_t, labels_t, carried = _kd_targets(cfg, soft_targets, labels, device)
     data = prefix.batches(images, carried, cfg.batch_size, device, shuffle=True, crop_padding=cfg.crop_padding,
                           flip=cfg.flip, erase=cfg.erase, drop_last=True, seed=cfg.seed)
     rng = np.random.default_rng(np.random.SeedSequence([cfg.seed, 1]))  # arch picks: own stream
@@ -188,64 +266,28 @@ def _train_module(module: nn.Module, prefix: Prefix, images: np.ndarray, labels:
     model = ProbModel.uniform(module.space) if supernet and cfg.sampler == "probmodel" else None
     optimizer = make_optimizer(module, cfg)
     step_net = distributed.wrap(StepNet(module, cfg, params, rng), device, find_unused=supernet)
-    history: list[dict[str, Any]] = []
-    iterations: list[dict[str, Any]] = []
+    run = _Run(module, prefix, cfg, data, optimizer, step_net, rows, (soft_t, labels_t), device, precision, layout,
+               model, [], [])
     first = 1
-    if checkpoint_dir is not None:
-        restored = restore_training_state(checkpoint_dir, module, optimizer, cfg, rng)
-        if restored is not None:
-            first = restored["epoch"] + 1
-            history, iterations = restored["history"], restored["iterations"]
-            if restored["prob_model"] is not None:
-                model = ProbModel(module.space, tuple(restored["prob_model"]))
+    restored = None if checkpoint_dir is None else restore_training_state(checkpoint_dir, module, optimizer, cfg, rng)
+    if restored is not None:
+        first = restored["epoch"] + 1
+        run.history, run.iterations = restored["history"], restored["iterations"]
+        if restored["prob_model"] is not None:
+            run.model = ProbModel(module.space, tuple(restored["prob_model"]))
     module.train()
     for epoch in range(first, cfg.epochs + 1):
-        start, steps = time.perf_counter(), []
-        bar = tqdm(data.epoch(epoch), total=len(data), desc=f"epoch {epoch}/{cfg.epochs}",
-                   disable=not progress or not w.main, leave=False)
-        epoch_lr = learning_rate(cfg, (epoch - 1) * len(data), len(data))
-        for i, (x, y) in enumerate(bar):
-            lr = learning_rate(cfg, (epoch - 1) * len(data) + i, len(data))
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            if w.distributed:
-                x, y = x[rows], y[rows]  # (B / ranks, C, H, W): this rank's share of every chunk
-            soft = None
-            if soft_t is not None and labels_t is not None:  # y holds row indices
-                soft, y = soft_t[y.to(device)], labels_t[y.to(device)]  # (B, K), (B,)
-            x = as_memory_format(x, layout)  # (B, C, H, W), strides of the layout
-            with autocast(device, precision):
-                h = prefix(x)  # (B, C_k, H_k, W_k)
-                out = step_net(h, y, model, soft)
-            optimizer.zero_grad(set_to_none=True)  # unpicked ops keep grad None: no decay, no momentum
-            out.loss.backward()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.grad_clip)
-            optimizer.step()
-            if out.model is not None:
-                model = out.model
-                iterations.append({"epoch": epoch, "iteration": len(iterations) + 1, **out.info})
-            steps.append(_StepStats.of(out))
-            if not math.isfinite(steps[-1].loss):
-                raise TrainingDiverged(f"training diverged: the loss is {steps[-1].loss} at epoch {epoch}, "
-                                       f"step {i + 1} of {len(data)}; lower train.lr, set train.grad_clip "
-                                       f"(e.g. 5) or lower train.kd")
-            bar.set_postfix(loss=f"{steps[-1].loss:.3f}", refresh=False)
-        bar.close()
-        seconds = time.perf_counter() - start
-        record = {"epoch": epoch, **_epoch_summary(steps, data.num_images, seconds, epoch_lr)}
-        if supernet:
-            record.update(_model_summary(model or ProbModel.uniform(module.space), steps))
-        history.append(record)
+        record = _epoch(run, epoch, w, progress)
+        run.history.append(record)
         distributed.sync_buffers(module)  # the epoch ends with rank 0's BatchNorm statistics everywhere
         if checkpoint_dir is not None and w.main:
-            save_training_state(checkpoint_dir, epoch, module, optimizer, cfg, rng, model, history,
-                                iterations)
+            save_training_state(checkpoint_dir, epoch, module, optimizer, cfg, rng, run.model, run.history,
+                                run.iterations)
         distributed.barrier()  # no rank runs ahead of rank 0's checkpoint
         if on_epoch is not None:
-            on_epoch(epoch, record, module, model)
+            on_epoch(epoch, record, module, run.model)
     module.eval()
-    return TrainResult(history, iterations, model)
+    return TrainResult(run.history, run.iterations, run.model)
 
 
 def _soft_targets(soft: np.ndarray | None, labels: np.ndarray, device: torch.device) -> torch.Tensor:
