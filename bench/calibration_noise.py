@@ -32,7 +32,7 @@ import torch
 
 from pipeline.io import load_split, write_json
 from pipeline.models.modules import confidence
-from pipeline.params.config import load_params, section
+from pipeline.params.config import CalibrateConfig, load_params
 from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import combine_exits
 from pipeline.routing.fit import exit_outputs, fit, fit_best_ensemble
@@ -69,7 +69,7 @@ def rule_cross_fit(a: Outputs, b: Outputs, cfg: dict, kind: str) -> tuple[list[f
     """The decay whose thresholds score best on the other half (both ways, summed); thresholds
     for it refitted on both halves. Ties go to the smaller decay."""
     held_out = {}
-    for d in map(float, cfg["ensemble_decays"]):
+    for d in map(float, cfg.ensemble_decays):
         held_out[d] = sum(score(z, fit(*x, cfg, kind, d)["thresholds"], d, kind)[0] for x, z in ((a, b), (b, a)))
     decay = max(sorted(held_out), key=lambda d: held_out[d])
     return fit(*join(a, b), cfg, kind, decay)["thresholds"], decay
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.routing.package import load_cascade
     from pipeline.routing.recognize import preprocess
 
-    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
-           "ensemble_decays": [0.0], **section(load_params(args.params), "calibrate")}
+    cfg = CalibrateConfig.from_params(load_params(args.params))
     model = load_cascade(args.model)
     kind = model.meta.confidence_kind
     torch.set_grad_enabled(False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 
 from bench.calibration_noise import join, score
 from pipeline.io import load_split
-from pipeline.params.config import load_params, section
+from pipeline.params.config import CalibrateConfig, load_params
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
 
 RULES = {
@@ -50,16 +51,7 @@ def outputs(repo: Path) -> tuple[dict[str, Any], str, dict]:
         data = load_split(repo / "data" / "prepared", split)
         logits, cum = exit_outputs(model.stages, preprocess(data.images, model.meta), kind)
         outs[split] = (logits, cum, torch.from_numpy(data.labels))
-    cfg = {
-        "mode": "delta",
-        "delta": 0.003,
-        "budget_macs": None,
-        "grid": 50,
-        "reference": "best",
-        "ensemble_decays": [0.0],
-        **section(load_params(repo / "params.yaml"), "calibrate"),
-    }
-    return outs, kind, cfg
+    return outs, kind, CalibrateConfig.from_params(load_params(repo / "params.yaml"))
 
 
 def each_exit(test: tuple) -> list[tuple[float, float]]:
@@ -77,7 +69,7 @@ def compare(repo: Path, z: float) -> dict[str, Any]:
     for name, (held_out, rule_z) in RULES.items():
         data = outs["calib"] if held_out == "calib" else join(outs["route"], outs["calib"])
         fitted = fit_best_ensemble(
-            *data, {**cfg, "mode": "delta", "bound_z": z if rule_z is None else rule_z}, kind
+            *data, replace(cfg, mode="delta", bound_z=z if rule_z is None else rule_z), kind
         )
         acc, macs = score(outs["test"], fitted["thresholds"], fitted["ensemble_decay"], kind)
         se = math.sqrt(max(acc * (1 - acc), 1e-12) / n)

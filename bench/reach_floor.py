@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 
 from bench.calibration_noise import join
 from pipeline.models.modules import confidence
+from pipeline.params.config import CalibrateConfig
 from pipeline.routing.calibration import reach_shares, simulate_thresholds
 from pipeline.routing.engine import combine_exits
 from pipeline.routing.fit import fit_best_ensemble
@@ -37,11 +39,11 @@ def read(data: Outputs, thresholds: list[float], decay: float, kind: str) -> dic
             "reach": reach_shares(counts)}
 
 
-def floors_table(held_out: Outputs, test: Outputs, cfg: dict, kind: str, floors: list[float]) -> list[dict]:
+def floors_table(held_out: Outputs, test: Outputs, cfg: CalibrateConfig, kind: str, floors: list[float]) -> list[dict]:
     """One row per floor: the rule's fit on ``held_out`` and its reading on ``test``."""
     rows = []
     for floor in floors:
-        fitted = fit_best_ensemble(*held_out, {**cfg, "min_reach": floor}, kind)
+        fitted = fit_best_ensemble(*held_out, replace(cfg, min_reach=floor), kind)
         rows.append({"min_reach": floor, "ensemble_decay": fitted["ensemble_decay"],
                      "thresholds": fitted["thresholds"],
                      "held_out": {"accuracy": fitted["accuracy"], "mean_macs": fitted["mean_macs"],
@@ -63,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for repo in args.repo:
         outs, kind, cfg = outputs(repo)
-        held_out = outs["calib"] if cfg.get("held_out") == "calib" else join(outs["route"], outs["calib"])
+        held_out = outs["calib"] if cfg.held_out == "calib" else join(outs["route"], outs["calib"])
         rows = floors_table(held_out, outs["test"], cfg, kind, args.floors)
         results.append({"repo": str(repo), "held_out_images": len(held_out[2]), "rows": rows})
         print(f"{repo.name}: {len(held_out[2])} held-out images, {len(outs['test'][2])} test images")

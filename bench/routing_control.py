@@ -50,7 +50,7 @@ from torch import nn
 
 from bench.own_data import run_one
 from pipeline.io import load_held_out, load_split
-from pipeline.params.config import load_params
+from pipeline.params.config import CalibrateConfig, load_params
 from pipeline.profiles import settings
 from pipeline.routing.engine import Stage, run_cascade
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble
@@ -191,11 +191,10 @@ def random_router(repo: Path, seed: int) -> dict[str, Any]:
     :class:`RandomRouter` at the predictor's own shares on test (so the same mean MACs where it routes),
     thresholds refitted on the held-out images, read on test. Empty where no predictor serves."""
     params = load_params(repo / "params.yaml")
-    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
-           "ensemble_decays": [0.0], "bound_z": 0.0, "held_out": "calib", **(params.get("calibrate") or {})}
+    cfg = CalibrateConfig.from_params(params)
     cascade = load_cascade(repo / "models" / "cascade", torch.device("cpu"))
     data = repo / "data" / "prepared"
-    test, held = load_split(data, "test"), load_held_out(data, cfg["held_out"])
+    test, held = load_split(data, "test"), load_held_out(data, cfg.held_out)
     meta, kind = cascade.meta, cascade.meta.confidence_kind
     x, xh = preprocess(test.images, meta), preprocess(held.images, meta)
     with torch.inference_mode():

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from bench.calibration_noise import join, rule_cross_fit, rule_pipeline, run, score, take
+from pipeline.params.config import CalibrateConfig
 
-CFG = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 20, "reference": "best",
-       "ensemble_decays": [0.0, 0.5, 1.0]}
+CFG = CalibrateConfig.from_params({"calibrate": {"mode": "delta", "delta": 0.003, "grid": 20, "reference": "best",
+                                                 "ensemble_decays": [0.0, 0.5, 1.0], "bound_z": 0.0,
+                                                 "min_reach": 0.0}})
 
 
 def outputs(n: int, hard_share: float, seed: int, noisy: bool = False):
@@ -49,7 +51,7 @@ def test_noisy_last_exit_spreads_and_rules_choose_listed_decays() -> None:
     assert set(result["cross-fit"]["decays"]) <= {"0", "0.5", "1"}
     assert all(0.0 <= result[k]["test_accuracy_sd"] < 0.1 for k in ("calib half", "pooled", "cross-fit"))
     thresholds, decay = rule_cross_fit(route, calib, CFG, "maxprob")
-    assert decay in CFG["ensemble_decays"] and len(thresholds) == 1
+    assert decay in CFG.ensemble_decays and len(thresholds) == 1
     # the pipeline's rule on the run's calib is the figure `run` reports first
     t, d = rule_pipeline(calib, CFG, "maxprob")
     assert result["the run's calib"]["test_accuracy"] == score(test, t, d, "maxprob")[0]

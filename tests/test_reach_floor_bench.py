@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from bench.reach_floor import floors_table, read
+from pipeline.params.config import CalibrateConfig
 
-CFG = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 30, "reference": "best",
-       "ensemble_decays": [0.0], "bound_z": 0.0}
+CFG = CalibrateConfig.from_params({"calibrate": {"mode": "delta", "delta": 0.003, "grid": 30, "reference": "best",
+                                                 "ensemble_decays": [0.0], "bound_z": 0.0, "min_reach": 0.0}})
 
 
 def outputs(n: int, seed: int):

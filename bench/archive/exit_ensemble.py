@@ -19,7 +19,7 @@ import torch
 
 from pipeline.io import load_held_out, load_split, write_json
 from pipeline.models.modules import confidence
-from pipeline.params.config import load_params, section
+from pipeline.params.config import CalibrateConfig, load_params
 from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.engine import combine_exits
 from pipeline.routing.fit import exit_outputs, fit
@@ -35,15 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decays", type=float, nargs="+", default=None, help="default: calibrate.ensemble_decays")
     p.add_argument("--out", type=Path, default=Path("bench/out/exit_ensemble.json"))
     args = p.parse_args(argv)
-    cfg = {"mode": "delta", "delta": 0.003, "budget_macs": None, "grid": 50, "reference": "best",
-           "ensemble_decays": [0.0], **section(load_params(args.params), "calibrate")}
-    decays = args.decays or cfg["ensemble_decays"]
+    cfg = CalibrateConfig.from_params(load_params(args.params))
+    decays = args.decays or cfg.ensemble_decays
     model = load_cascade(args.model)
     kind = model.meta.confidence_kind
     torch.set_grad_enabled(False)
     outputs = {}
     for split in ("calib", "test"):  # "calib": the held-out set calibrate fits on (calibrate.held_out)
-        held = cfg.get("held_out", "calib")
+        held = cfg.held_out
         data = load_held_out(args.data, held) if split == "calib" else load_split(args.data, split)
         logits, cum = exit_outputs(model.stages, preprocess(data.images, model.meta), kind)
         outputs[split] = (logits, cum, torch.from_numpy(data.labels))
