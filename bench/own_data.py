@@ -4,7 +4,7 @@ PROFILE=quick DATA=...`` runs) on a copy of this working tree, for several seeds
 the shipped model, the calibrated cascade, each exit alone and the plain baselines, with test accuracy,
 its standard error, mean MACs and the pipeline's wall time.
 
-    python -m bench.own_data                                   # 4 folders x seeds 0 1 2 (about an hour here)
+    python -m bench.own_data                                   # 5 folders x seeds 0 1 2 (over an hour here)
     python -m bench.own_data --folders shop-colour-48 --seeds 0
     python -m bench.own_data --report bench/out/own_data.json  # the tables of an earlier run
     python -m bench.own_data --rejudge KEPT/scenes-colour-64-seed0 ...  # kept runs' ship decision re-made

@@ -233,7 +233,8 @@ EQUAL_MACS_TOLERANCE = 0.02  # matched on calib; on test the two mean MACs diffe
 
 
 def vs_fixed_cascade(cascade: dict, fixed: dict, matched: dict | None) -> dict[str, Any]:
-    """Issue 9's cascade-vs-fixed-cascade target: +0.3 points at equal MACs, or equal accuracy at
+    """The cascade-vs-fixed-cascade target (docs/RESULTS.md 'The cascade on the test split'): +0.3
+    points at equal MACs, or equal accuracy at
     <= 0.8x the MACs. ``fixed`` is the fixed cascade at its own operating point (its own delta rule);
     ``matched`` (optional) is the fixed cascade calibrated in budget mode at the cascade's mean MACs
     on calib, the comparison at equal MACs: its test MACs must be within ``EQUAL_MACS_TOLERANCE``.
@@ -256,7 +257,8 @@ ROUTING_EQUAL = 0.0005  # "equal accuracy": within 0.05 points
 
 
 def vs_static_selection(cascade: dict, static: dict) -> dict[str, Any]:
-    """Issue 28's routing target: the routed cascade against its static twin (every supernet on its
+    """The routing target (docs/RESULTS.md 'Routing'): the routed cascade against its static twin
+    (every supernet on its
     claim-8 static choice, calibrated the same way): equal accuracy (within 0.05 points) at <= 0.85x
     its mean MACs, or +0.3 points at no more MACs. A tie (the predictor unused) is not a win."""
     gain, ratio = cascade["accuracy"] - static["accuracy"], cascade["mean_macs"] / static["mean_macs"]

@@ -1,4 +1,5 @@
-"""Routing's verdict in every run (issue 39): per supernet with several routing candidates, whether its
+"""Routing's verdict in every run (docs/RESULTS.md 'Positive control'): per supernet with several
+routing candidates, whether its
 predictor serves and the rule that decided (the select stage's held-out decision), how predictable the
 right candidate is on held-out data (``routing.predictability``: fitted on `route`, read on `calib`),
 the oracle's headroom over the choice that serves, the routed cascade against its static twin, and

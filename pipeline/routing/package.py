@@ -48,7 +48,7 @@ MAX_LAYERS = 64
 MAX_CHANNELS = 4096
 MAX_HEAD = 4096  # head_grid and head_hidden
 # What a whole manifest may make the loader allocate (parameters and buffers of every module and
-# predictor together): each key within its own bound can still multiply to tens of GB (issue 41).
+# predictor together): each key within its own bound can still multiply to tens of GB (docs/DESIGN.md 'Serving').
 MAX_MODEL_BYTES = 1 << 30
 MANIFEST = "cascade.json"
 

@@ -1,5 +1,6 @@
 """Is "which routing candidate will be right" predictable before the module runs? The measure behind
-per-image routing's verdict (issue 28's `bench.archive.routing_predictability`, issue 39's verdict in every run).
+per-image routing's verdict (`bench.archive.routing_predictability`; docs/RESULTS.md 'Is the right
+candidate predictable at all?').
 
 Routing at module k can only gain on the images where the candidates disagree: candidate j right and
 the static choice (the twin) wrong, or the reverse. A learner fitted on labelled images that never

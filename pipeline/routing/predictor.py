@@ -1,4 +1,4 @@
-"""Per-image subnetwork predictor of a supernet module (claim 7): a tiny net on the incoming features.
+"""Per-image subnetwork predictor of a supernet module (docs/BRIEF.md section 2.A): a tiny net on the incoming features.
 
 It must cost far less than what it saves (design: at most 5% of the module's cheapest candidate),
 so it is pooling plus a two-layer MLP; ``predictor_macs`` prices it with the same counter as the

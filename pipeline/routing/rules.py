@@ -89,7 +89,8 @@ def pays_reason(routed_acc: float, routed_macs: float, static_acc: float, static
 
 
 def static_choice(accuracy: Sequence[float], macs: Sequence[float], delta: float) -> int:
-    """Claim 8's one-off choice among candidates: the cheapest whose accuracy is within ``delta`` (a
+    """The one-off test-set choice (docs/BRIEF.md section 2.A) among candidates: the cheapest whose
+    accuracy is within ``delta`` (a
     fraction) of the most accurate one, by the same rule that calibrates the thresholds. Ties in
     MACs go to the more accurate, then to the lower index."""
     if len(accuracy) != len(macs) or not accuracy:

@@ -1,4 +1,4 @@
-"""Fitting a supernet module's per-image predictor on the `route` split (claim 7), in one of two ways
+"""Fitting a supernet module's per-image predictor on the `route` split (docs/BRIEF.md section 2.A), in one of two ways
 (``select.scoring``), and judging it on the fifth of `route` it never saw:
 
 - ``label``: one label per image, the cheapest candidate whose exit is right (cross-entropy);
@@ -108,7 +108,7 @@ def fit_predictor(features: torch.Tensor, correct: torch.Tensor, p_true: torch.T
 
 def static_selection(k: int, mode: str, archs: Sequence[Arch], macs: Sequence[int], c_correct: torch.Tensor,
                      delta: float) -> tuple[dict[str, Any], dict[str, Any], int]:
-    """Claim 8 for module ``k``: ``selection.json``'s content with the static choice on `calib` (the
+    """The one-off test-set choice for module ``k``: ``selection.json``'s content with the static choice on `calib` (the
     cheapest candidate within ``delta`` of the most accurate, from each candidate's exit answers
     ``c_correct`` (N, R)), the stage's metrics of it, and the static candidate's index."""
     static = static_choice(c_correct.double().mean(0).tolist(), list(macs), delta)
@@ -123,7 +123,7 @@ def static_selection(k: int, mode: str, archs: Sequence[Arch], macs: Sequence[in
 def routed_selection(selection: dict[str, Any], metrics: dict[str, Any], static: int, route_h: torch.Tensor,
                      r_correct: torch.Tensor, r_p_true: torch.Tensor, macs: Sequence[int], cfg: PredictorConfig,
                      max_share: float, name: str) -> tuple[dict[str, Any], dict[str, Any], Predictor]:
-    """Claim 7 on top of :func:`static_selection`'s result: the predictor fitted on `route`
+    """Per-image routing on top of :func:`static_selection`'s result: the predictor fitted on `route`
     (``route_h`` (N, C, H, W), the candidates' answers ``r_correct`` / ``r_p_true`` (N, R)), judged on
     the held-out fifth; it serves only where ``rules.predictor_pays`` (else ``mode`` falls back to
     ``testset``), and ``selection["decision"]`` records the figures and the clause that decided.

@@ -10,7 +10,7 @@ def test_default_params_load():
     assert DataConfig.from_params(PARAMS).source == "fashion-mnist"
     assert GradeConfig.from_params(PARAMS).levels == 3
     model = ModelConfig.from_params(PARAMS)
-    # Claim 1: at least one module of the default cascade is a supernet.
+    # docs/BRIEF.md section 1: at least one module of the default cascade is a supernet.
     assert model.names == ("m1", "m2", "m3") and any(s.kind == "supernet" for s in model.specs)
 
 
