@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{name:>12}: test {100 * r['test_accuracy']:.2f}% at {r['mean_macs'] / 1e6:.2f} M, "
                   f"decay {r['decay']:g}")
-    write_json(args.out, {"model": str(args.model), "repeats": args.repeats, "calibrate": cfg, "rules": result})
+    write_json(args.out, {"model": str(args.model), "repeats": args.repeats, "calibrate": cfg.section(),
+                          "rules": result})
     return 0
 
 

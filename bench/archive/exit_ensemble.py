@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{decay:>6g} | {pct(res['exit_accuracy']):>22} | {100 * res['accuracy']:6.2f}% at "
               f"{res['mean_macs'] / 1e6:.2f} M"
               f" | {pct(row['test']['exit_accuracy']):>22} | {100 * acc:6.2f}% at {macs / 1e6:.2f} M")
-    write_json(args.out, {"model": str(args.model), "calibrate": cfg, "rows": rows})
+    write_json(args.out, {"model": str(args.model), "calibrate": cfg.section(), "rows": rows})
     return 0
 
 

@@ -25,9 +25,10 @@ from tests.tools.tiny_repo import run_in
 
 pytestmark = pytest.mark.e2e
 
-FORCE = ("import sys, pipeline.evaluation.dominance as d, stages.calibrate as c\n"
+FORCE = ("import sys, pipeline.evaluation.dominance as d, pipeline.evaluation.calibrate_workflow as w\n"
+         "import stages.calibrate as c\n"
          "real = d.held_out_choice\n"
-         "c.held_out_choice = lambda a, b, n: {**real(a, b, n), 'model': 'plain_small', 'reason': 'forced'}\n"
+         "w.held_out_choice = lambda a, b, n: {**real(a, b, n), 'model': 'plain_small', 'reason': 'forced'}\n"
          "raise SystemExit(c.main(sys.argv[1:]))\n")
 
 
