@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torchvision.models import mnasnet, mobilenetv3, resnet, shufflenetv2
 
-from pipeline.models.modules import NO_ARCH, ModuleSpec
+from pipeline.models.modules import NO_ARCH
 from pipeline.search.space import Arch, SearchSpace
 
 # ShuffleNetV2's per-width stage channels (torchvision's x0_5 and x1_0 builders use these).
@@ -122,10 +122,6 @@ class AnchorNet(nn.Module):
     @property
     def name(self) -> str:
         return anchor_name(self.arch, self.width)
-
-    @property
-    def spec(self) -> ModuleSpec:
-        return ModuleSpec("plain", max(1, round(self.width)))
 
     def default_arch(self) -> Arch:
         return NO_ARCH
