@@ -19,7 +19,7 @@ from pipeline.evaluation.calibrate_workflow import BUDGET_TWIN, CalibrateInputs,
 from pipeline.io import atomic_path, write_json
 from pipeline.params.config import CalibrateConfig, ConfidenceConfig, ParamsRecord, TrackingConfig
 from pipeline.registry.tracking import stage_run
-from pipeline.routing.package import save_cascade
+from pipeline.routing.packaging import save_cascade
 from stages.common import cli, params_of, parser
 
 OUTS = {"selected": "out", "testset": "out_testset", "default": "out_fixed", BUDGET_TWIN: "out_fixed_at_macs"}

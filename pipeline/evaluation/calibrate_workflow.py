@@ -21,7 +21,8 @@ from pipeline.routing.assemble import load_stages
 from pipeline.routing.calibration import reach_line
 from pipeline.routing.engine import Stage
 from pipeline.routing.fit import exit_outputs, fit_best_ensemble, held_out_points
-from pipeline.routing.package import CascadeMeta, packaged, plain_packaged
+from pipeline.routing.package import CascadeMeta
+from pipeline.routing.packaging import packaged, plain_packaged
 from pipeline.routing.recognize import preprocess
 from pipeline.train.baselines import LARGE, SMALL, Baselines, load_baselines
 

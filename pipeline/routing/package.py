@@ -23,13 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from pipeline.io import atomic_path, file_sha256, write_json
+from pipeline.io import file_sha256
 from pipeline.models.modules import (
     CONFIDENCE_KINDS,
-    FixedModule,
     ModuleSpec,
-    PlainCNN,
-    SupernetModule,
     build_module,
 )
 from pipeline.routing.engine import Stage, check_decay
@@ -38,7 +35,7 @@ from pipeline.routing.predictor import Predictor
 from pipeline.search.space import Arch
 
 if TYPE_CHECKING:  # the serving side loads models without the params code
-    from pipeline.params.config import CalibrateConfig, ParamsRecord
+    pass
 
 FORMAT = "early-exit-cascade"
 FORMAT_VERSION = 2  # 2: a checksum over the manifest itself, every file named must carry its sha256
@@ -144,9 +141,6 @@ class LoadedCascade:
     meta: CascadeMeta
 
 
-# ---------------------------------------------------------------------------------------------- save
-
-
 def input_shapes(specs: Sequence[ModuleSpec], image_shape: Sequence[int]) -> list[tuple[int, int, int]]:
     """(C, H, W) entering each module, from the image shape and the specs."""
     shapes = [tuple(image_shape)]
@@ -155,21 +149,7 @@ def input_shapes(specs: Sequence[ModuleSpec], image_shape: Sequence[int]) -> lis
     return [(int(c), int(h), int(w)) for c, h, w in shapes]
 
 
-def _predictor_config(predictor: Predictor | None) -> dict[str, Any] | None:
-    if predictor is None:
-        return None
-    config: dict[str, Any] = {
-        "in_channels": predictor.in_channels,
-        "num_candidates": predictor.num_candidates,
-        "hidden": predictor.hidden,
-        "pool": predictor.pool_size,
-    }
-    if predictor.scoring != "label":  # a label predictor's manifest stays as it always was
-        config.update(scoring=predictor.scoring, offsets=[float(o) for o in predictor.offsets.tolist()])
-    return config
-
-
-def _check_chain(specs: Sequence[ModuleSpec], in_channels: Sequence[int], num_classes: Sequence[int],
+def check_chain(specs: Sequence[ModuleSpec], in_channels: Sequence[int], num_classes: Sequence[int],
                  meta: CascadeMeta) -> None:
     """Each module must take the previous one's channels and answer over the meta's classes; a plain
     CNN (pooled features) can only be the last."""
@@ -187,89 +167,6 @@ def _check_chain(specs: Sequence[ModuleSpec], in_channels: Sequence[int], num_cl
         if len(point.thresholds) != len(specs) - 1:
             raise ValueError(f"operating point {point.name!r} has {len(point.thresholds)} thresholds; "
                              f"the {len(specs)} modules need {len(specs) - 1}")
-
-
-def _module_entry(k: int, stage: Stage, shape: tuple[int, int, int]) -> dict[str, Any]:
-    return {
-        "index": k,
-        "spec": dataclasses.asdict(stage.module.spec),
-        "in_channels": stage.module.in_channels,
-        "input_shape": list(shape),
-        "candidates": [arch.key() for arch in stage.candidates],
-        "candidate_macs": [int(m) for m in stage.candidate_macs],
-        "threshold": float(stage.threshold),
-        "predictor": _predictor_config(stage.predictor),
-        "predictor_macs": int(stage.predictor_macs),
-        "weights": f"module_{k}.pt",
-        "predictor_weights": None if stage.predictor is None else f"predictor_{k}.pt",
-    }
-
-
-def _state_dict(net: nn.Module) -> dict[str, torch.Tensor]:
-    """Plain CPU tensors, so the files load on any machine with ``weights_only=True``."""
-    return {name: t.detach().cpu().clone() for name, t in net.state_dict().items()}
-
-
-def save_cascade(directory: str | os.PathLike[str], stages: Sequence[Stage], meta: CascadeMeta) -> Path:
-    """Write a model directory atomically: a reader sees the old directory or the whole new one.
-
-    Modules must be ``FixedModule``, ``SupernetModule`` or, last, a ``PlainCNN`` (rebuilt from their
-    spec on load); an exported ``Subnet`` has no spec to rebuild from.
-    """
-    if not stages:
-        raise ValueError("save_cascade needs at least one stage")
-    for k, stage in enumerate(stages, start=1):
-        if not isinstance(stage.module, FixedModule | SupernetModule | PlainCNN):
-            kind = type(stage.module).__name__
-            raise ValueError(f"save_cascade: module {k} is a {kind}; only Fixed/SupernetModule/PlainCNN "
-                             f"can be saved")
-    specs = [s.module.spec for s in stages]
-    _check_chain(specs, [s.module.in_channels for s in stages], [s.module.num_classes for s in stages], meta)
-    shapes = input_shapes(specs, meta.image_shape)
-    entries = [_module_entry(k, s, shape) for k, (s, shape) in enumerate(zip(stages, shapes, strict=True), 1)]
-    final = Path(directory)
-    with atomic_path(final, is_dir=True) as tmp:
-        for entry, stage in zip(entries, stages, strict=True):
-            torch.save(_state_dict(stage.module), tmp / entry["weights"])
-            if stage.predictor is not None:
-                torch.save(_state_dict(stage.predictor), tmp / entry["predictor_weights"])
-        files = {p.name: file_sha256(p) for p in sorted(tmp.glob("*.pt"))}
-        manifest = {"format": FORMAT, "version": FORMAT_VERSION, "meta": meta.to_dict(),
-                    "modules": entries, "sha256": files}
-        write_json(tmp / MANIFEST, {**manifest, "checksum": manifest_checksum(manifest)})
-    return final
-
-
-def with_thresholds(stages: list[Stage], thresholds: list[float]) -> list[Stage]:
-    """Copies of ``stages`` with ``thresholds`` set in order; a stage past the list's end gets inf."""
-    out = []
-    for k, stage in enumerate(stages):
-        t = thresholds[k] if k < len(thresholds) else float("inf")
-        out.append(Stage(stage.module, stage.candidates, stage.candidate_macs, t, stage.predictor,
-                         stage.predictor_macs))
-    return out
-
-
-def packaged(stages: list[Stage], cmeta: CascadeMeta, res: dict, routing: str, fit_cfg: CalibrateConfig,
-             lineage: ParamsRecord, points: Sequence[OperatingPoint] = ()) -> tuple[list[Stage], CascadeMeta]:
-    """The stages with their fitted thresholds and the manifest (exit ensemble, lineage: the fit's
-    settings, and the modules and train sections as the params file wrote them; the operating points
-    fitted on the same held-out images) of one routing."""
-    info = {"routing": routing, "calibrate": {k: v for k, v in res.items() if k != "sweep"},
-            "params": {"calibrate": fit_cfg.section(), "modules": lineage.of("modules"),
-                       "train": lineage.of("train")}}
-    meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind,
-                       info=info, ensemble_decay=res["ensemble_decay"], operating_points=tuple(points))
-    return with_thresholds(stages, res["thresholds"]), meta
-
-
-def plain_packaged(module: PlainCNN, macs: int, cmeta: CascadeMeta, info: dict[str, Any]
-                   ) -> tuple[list[Stage], CascadeMeta]:
-    """A plain CNN as a one-module cascade (what a run ships when its held-out data prefers it):
-    one stage, one path, no threshold; ``cmeta`` must carry the plain CNN's own normalisation."""
-    stage = Stage(module, (module.default_arch(),), (int(macs),), float("inf"))
-    meta = CascadeMeta(cmeta.classes, cmeta.image_shape, cmeta.mean, cmeta.std, cmeta.confidence_kind, info=info)
-    return [stage], meta
 
 
 # ---------------------------------------------------------------------------------------------- load
@@ -413,13 +310,10 @@ def load_cascade(directory: str | os.PathLike[str], device: str | torch.device =
         specs = [ModuleSpec.from_dict(e["spec"]) for e in entries]
         for spec in specs:
             _check_spec_bounds(spec)
-        _check_chain(specs, [int(e["in_channels"]) for e in entries], [meta.num_classes] * len(specs), meta)
+        check_chain(specs, [int(e["in_channels"]) for e in entries], [meta.num_classes] * len(specs), meta)
         sha = dict(manifest.get("sha256") or {})
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{directory / MANIFEST} is invalid: {type(exc).__name__}: {exc}") from None
     _check_total_size(directory, entries, meta)
     stages = [_build_stage(directory, k, e, meta, sha, device) for k, e in enumerate(entries, start=1)]
     return LoadedCascade(stages, meta)
-
-
-# ------------------------------------------------------------------------------------------ recognise

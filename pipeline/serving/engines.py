@@ -124,7 +124,8 @@ def load_engine(model: str | os.PathLike[str], kind: str = "torch", *, threads: 
     import torch
 
     from pipeline.routing.calibration import NEVER
-    from pipeline.routing.package import LoadedCascade, load_cascade, with_thresholds
+    from pipeline.routing.package import LoadedCascade, load_cascade
+    from pipeline.routing.packaging import with_thresholds
 
     if is_onnx_dir(model):
         raise ValueError(f"{model} is an ONNX export: serve it with --engine onnx")

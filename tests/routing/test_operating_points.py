@@ -12,7 +12,8 @@ import pytest
 from pipeline.routing.calibration import simulate_thresholds
 from pipeline.routing.fit import fit_operating_points
 from pipeline.routing.operating_points import ACCURATE, EXIT1, OperatingPoint, choose_point, parse_points, within
-from pipeline.routing.package import CascadeMeta, load_cascade, save_cascade
+from pipeline.routing.package import CascadeMeta, load_cascade
+from pipeline.routing.packaging import save_cascade
 from tests.routing.test_package import META, tiny_stages
 
 

@@ -23,10 +23,8 @@ from pipeline.routing.package import (
     LoadedCascade,
     load_cascade,
     manifest_checksum,
-    packaged,
-    save_cascade,
-    with_thresholds,
 )
+from pipeline.routing.packaging import packaged, save_cascade, with_thresholds
 from pipeline.routing.predictor import Predictor
 from pipeline.routing.recognize import collect_image_paths, preprocess, recognize_arrays, recognize_files
 from pipeline.search.space import Arch

@@ -1,4 +1,4 @@
-"""A plain CNN shipped alone in the cascade's model format (pipeline.routing.package.plain_packaged)."""
+"""A plain CNN shipped alone in the cascade's model format (pipeline.routing.packaging.plain_packaged)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 from pipeline.models.modules import ModuleSpec, PlainCNN, build_module
 from pipeline.routing.engine import Stage, run_cascade
-from pipeline.routing.package import CascadeMeta, load_cascade, plain_packaged, save_cascade
+from pipeline.routing.package import CascadeMeta, load_cascade
+from pipeline.routing.packaging import plain_packaged, save_cascade
 from pipeline.routing.recognize import preprocess
 from pipeline.train.baselines import plain_macs, plain_outputs
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.routing.package import save_cascade
+from pipeline.routing.packaging import save_cascade
 from tests.routing.test_package import META, tiny_stages
 
 
@@ -47,7 +47,7 @@ def calibrated(directory: Path, n: int = 3000, seed: int = 5) -> Path:
     """The test cascade with its operating points fitted on ``n`` held-out images (as calibrate does)."""
     from pipeline.routing.calibration import calibrate_delta
     from pipeline.routing.fit import fit_operating_points
-    from pipeline.routing.package import with_thresholds
+    from pipeline.routing.packaging import with_thresholds
     from tests.routing.test_package import uint8_images
 
     threads = torch.get_num_threads()

@@ -11,7 +11,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.routing.operating_points import within
-from pipeline.routing.package import LoadedCascade, load_cascade, with_thresholds
+from pipeline.routing.package import LoadedCascade, load_cascade
+from pipeline.routing.packaging import with_thresholds
 from pipeline.routing.recognize import recognize_arrays
 from pipeline.serving.engines import load_engine
 from pipeline.serving.onnx_export import export_model_dir
