@@ -16,7 +16,7 @@ import torch
 
 from pipeline.evaluation.figures import candidate_correct, to_numpy, vs_static_selection
 from pipeline.io import read_json
-from pipeline.routing.engine import Stage, run_all_exits, run_cascade
+from pipeline.routing.engine import Stage, run_cascade
 from pipeline.routing.predictability import image_features, module_inputs, predictability
 from pipeline.search.space import Arch
 
@@ -58,15 +58,10 @@ def held_out_predictability(twin: Sequence[Stage], recorded: Candidates, fit: tu
     return out
 
 
-def served_choices(stages: Sequence[Stage], recorded: Candidates, x: torch.Tensor, kind: str) -> dict[int, np.ndarray]:
-    """Per module with several recorded candidates: the recorded candidate (index) the shipped cascade
-    runs on each image, -1 where its path is not among them (no early exits: every image)."""
-    return served_from(stages, recorded, to_numpy(run_all_exits(stages, x, confidence_kind=kind,
-                                                                 batch_size=512)["choices"]))
-
-
 def served_from(stages: Sequence[Stage], recorded: Candidates, choices: np.ndarray) -> dict[int, np.ndarray]:
-    """``served_choices`` from the (N, K) candidate each module ran on each image with no early exit."""
+    """Per module with several recorded candidates: the recorded candidate (index) the shipped cascade
+    runs on each image, -1 where its path is not among them, from the (N, K) candidate each module ran on
+    each image with no early exit."""
     out = {}
     for k, (stage, (archs, _)) in enumerate(zip(stages, recorded, strict=True), start=1):
         if len(archs) >= 2:
@@ -147,7 +142,7 @@ def routing_verdicts(table: list[dict[str, Any]], models: Path, scored: dict[int
                      pred: dict[int, dict[str, Any]], cascade: dict, static: dict) -> list[dict[str, Any]]:
     """``routing_table``'s rows with the verdict added: ``served``, ``why``, ``predictability``,
     ``headroom``, ``vs_static_twin`` and ``verdict``. ``scored``: ``candidate_correct`` on test;
-    ``served``: ``served_choices``; ``reached``: (N, K) whether each test image reaches each module in
+    ``served``: ``served_from``; ``reached``: (N, K) whether each test image reaches each module in
     the shipped cascade; ``predictor_macs``: per module; ``pred``: ``held_out_predictability``;
     ``cascade`` / ``static``: the routed cascade's and its static twin's figures on test."""
     check = vs_static_selection(cascade, static)

@@ -12,7 +12,7 @@ from pipeline.evaluation.routing_verdict import (
     headroom,
     held_out_predictability,
     routing_verdicts,
-    served_choices,
+    served_from,
     served_reason,
     verdict_lines,
 )
@@ -85,15 +85,15 @@ def test_held_out_predictability_fits_on_one_split_and_reads_on_the_other(tiny) 
     assert "not a recorded candidate" in held_out_predictability(twin, elsewhere, fit, held, "maxprob", 0.0)[2]["note"]
 
 
-def test_served_choices_map_the_cascades_routes_onto_the_recorded_candidates(tiny) -> None:  # noqa: ANN001
+def test_served_from_maps_the_cascades_routes_onto_the_recorded_candidates(tiny) -> None:  # noqa: ANN001
     x = images(30, seed=4)
     ran = run_all_exits(tiny.stages, x)["choices"].numpy()
     recorded = [(s.candidates, s.candidate_macs) for s in tiny.stages]
-    got = served_choices(tiny.stages, recorded, x, "maxprob")
+    got = served_from(tiny.stages, recorded, ran)
     assert sorted(got) == [2, 3] and np.array_equal(got[2], ran[:, 1]) and np.array_equal(got[3], ran[:, 2])
     reversed_order = [(c[::-1], m[::-1]) for c, m in recorded]
-    assert np.array_equal(served_choices(tiny.stages, reversed_order, x, "maxprob")[2], 2 - ran[:, 1])
-    static = served_choices(_single(tiny), recorded, x, "maxprob")
+    assert np.array_equal(served_from(tiny.stages, reversed_order, ran)[2], 2 - ran[:, 1])
+    static = served_from(_single(tiny), recorded, run_all_exits(_single(tiny), x)["choices"].numpy())
     assert (static[2] == 0).all() and (static[3] == 0).all()
 
 
