@@ -143,8 +143,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--p99-ms must be a number of milliseconds > 0, got {args.p99_ms}")
     if not 0 <= args.probes <= 8 or args.warmup < 0:
         p.error("--probes must be in 0..8 and --warmup >= 0")
-    if not args.model.startswith("models:/") and not (Path(args.model) / "manifest.json").is_file():
-        p.error(f"--model {args.model}: no model directory there (no manifest.json)")
+    if not args.model.startswith("models:/") and not Path(args.model).is_dir():
+        p.error(f"--model {args.model}: no model directory there")
     if not (args.data / "test.npz").is_file():
         p.error(f"--data {args.data}: no test split there (test.npz); run the ingest stage first")
 

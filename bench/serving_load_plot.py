@@ -37,6 +37,7 @@ def plot(report: dict, path: str | os.PathLike[str]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from pipeline.io import atomic_path
 
@@ -55,6 +56,8 @@ def plot(report: dict, path: str | os.PathLike[str]) -> None:
                 ax.axvline(phase["start"], color=style["color"], linestyle=":", linewidth=0.8)
     axes[0].axhline(report["p99_ms"], color="black", linestyle="--", linewidth=1, label="target")
     axes[0].set_yscale("log")
+    axes[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axes[0].yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     axes[0].set_ylabel("p99 per second (ms)")
     axes[1].set_ylabel("answered images/s")
     axes[2].set_yticks(range(len(names)), names)

@@ -160,11 +160,15 @@ def falls(steps: Sequence[Step], starts: Sequence[float]) -> list[tuple[float, f
 
 
 def recovery(scrapes: Sequence[Scrape], fall: float, end: float, accurate: str = ACCURATE) -> float | None:
-    """Seconds from ``fall`` to the first scrape at ``accurate`` at or after it (before ``end``, the next
-    rise or the run's end); 0 if the point never left it; None if it did not come back."""
-    for x in sorted(scrapes, key=lambda s: s.t):
-        if fall <= x.t < end and x.point == accurate:
-            return round(max(0.0, x.t - fall), 3)
+    """Seconds from ``fall`` to the first scrape at ``accurate`` after it (before ``end``, the next rise or
+    the run's end): 0 if the last scrape before the fall was already there; None if it did not come back."""
+    ordered = sorted(scrapes, key=lambda s: s.t)
+    before = [x for x in ordered if x.t <= fall]
+    if before and before[-1].point == accurate:
+        return 0.0
+    for x in ordered:
+        if fall < x.t < end and x.point == accurate:
+            return round(x.t - fall, 3)
     return None
 
 
@@ -183,9 +187,9 @@ def phase_latency(rows: Sequence[HeyRow], seconds_rows: Sequence[dict], start: f
 
 def seconds_rows(steps: Sequence[Step], starts: Sequence[float], rows: Sequence[HeyRow],
                  scrapes: Sequence[Scrape], answers: Sequence[ProbeAnswer], per_request: int) -> list[dict]:
-    """One row per whole second of the run: its step's clients, hey's figures, the point in use and the
-    requests per point, and the probe's answered images and right ones."""
-    n = math.ceil(starts[-1])
+    """One row per whole second of the run (the last partial one left out): its step's clients, hey's
+    figures, the point in use and the requests per point, and the probe's answered images and right ones."""
+    n = int(starts[-1])  # whole seconds only: a last partial one would read as a fall in images/s
     points = points_per_second(scrapes, n)
     out = []
     for load, point in zip(per_second(rows, per_request, n), points, strict=True):
