@@ -173,7 +173,11 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-serving-load-") as tmp_name:
         tmp = Path(tmp_name)
-        source, args.model = args.model, str(resolve_model_uri(args.model, tmp / "model"))
+        source = args.model
+        try:
+            args.model = str(resolve_model_uri(args.model, tmp / "model"))
+        except (ValueError, RuntimeError, OSError) as exc:
+            p.error(f"--model {source}: {exc}")
         held_out = model_points(p, args.model, args.modes)
         try:
             test = load_split(args.data, "test")

@@ -159,6 +159,8 @@ def test_bad_input_is_refused_by_name_before_a_server_starts(tiny_model: Path, p
     data = _split(tmp_path)
     out = tmp_path / "out.json"
     cases = [(["--model", str(tmp_path / "none"), "--data", str(data)], "no model directory"),
+             (["--model", str(data), "--data", str(data)], "not a cascade model directory"),
+             (["--model", "models:/cascade", "--data", str(data)], "must be models:/<name>@<alias>"),
              (["--model", str(points_model), "--data", str(tmp_path / "nodata")], "no test split"),
              (["--model", str(points_model), "--data", str(data), "--steps", "8:x"], "--steps: load step '8:x'"),
              (["--model", str(points_model), "--data", str(data), "--images-per-request", "0"], "--images-per-request"),
