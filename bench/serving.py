@@ -162,10 +162,15 @@ def v2_body(pngs: list[bytes]) -> str:
                                    "data": [base64.b64encode(b).decode() for b in pngs]}]})
 
 
-def write_bodies(images: np.ndarray, tmp: Path, server: str = "litserve") -> tuple[list[Path], list[Path], str]:
-    """(single-image bodies, 64-image bodies, the singles' content type) for ``server``."""
+def json_body(pngs: list[bytes]) -> str:
+    """A JSON request of ``cascade serve`` (LitServe): ``{"images": [base64 PNG, ...]}``."""
     import base64
 
+    return json.dumps({"images": [base64.b64encode(b).decode() for b in pngs]})
+
+
+def write_bodies(images: np.ndarray, tmp: Path, server: str = "litserve") -> tuple[list[Path], list[Path], str]:
+    """(single-image bodies, 64-image bodies, the singles' content type) for ``server``."""
     from pipeline.registry.payload import encode_png
 
     singles = []
@@ -178,8 +183,7 @@ def write_bodies(images: np.ndarray, tmp: Path, server: str = "litserve") -> tup
         chunk = images[64 + j * BATCH_IMAGES: 64 + (j + 1) * BATCH_IMAGES]
         path = tmp / f"batch{j}.json"
         pngs = [encode_png(im) for im in chunk]
-        path.write_text(json.dumps({"images": [base64.b64encode(b).decode() for b in pngs]})
-                        if server == "litserve" else v2_body(pngs))
+        path.write_text(json_body(pngs) if server == "litserve" else v2_body(pngs))
         batches.append(path)
     return singles, batches, "image/png" if server == "litserve" else "application/octet-stream"
 
