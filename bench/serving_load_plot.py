@@ -78,15 +78,15 @@ def print_table(report: dict) -> None:
     """Per mode and step: load figures, the probe's accuracy beside the held-out figure of the points it
     was answered at, those points; then the high-load step pooled and the recovery after each fall."""
     print(f"{'mode':5s} {'step':>12s} {'images/s':>9s} {'p50 ms':>7s} {'p99 ms':>7s} {'worst/s':>8s} {'non200':>6s} "
-          f"{'probe %':>8s} {'SE':>5s} {'held %':>7s} {'diff':>6s}  points (share of probe images)")
+          f"{'busy':>5s} {'probe %':>8s} {'SE':>5s} {'held %':>7s} {'diff':>6s}  points (share of probe images)")
     for mode, run in report["modes"].items():
         for phase in run["phases"]:
             pr = phase["probe"]
             shares = ", ".join(f"{p} {100 * s:.0f}%" for p, s in pr["shares"].items())
             print(f"{mode:5s} {phase['clients']:>5d} x {phase['seconds']:>3g}s {phase['images_per_s']:9.1f} "
                   f"{_ms(phase['p50_ms']):>7s} {_ms(phase['p99_ms']):>7s} {_ms(phase['worst_p99_ms_after_2s']):>8s} "
-                  f"{phase['non_200']:6d} {_pct(pr['accuracy']):>8s} {_pct(pr['se']):>5s} "
-                  f"{_pct(pr['held_out_weighted']):>7s} {_pct(pr['difference'], True):>6s}  {shares}")
+                  f"{phase['non_200']:6d} {_pct(phase['engine_busy']):>5s} {_pct(pr['accuracy']):>8s} "
+                  f"{_pct(pr['se']):>5s} {_pct(pr['held_out_weighted']):>7s} {_pct(pr['difference'], True):>6s}  {shares}")
         high = run["high_load"]["probe"]
         back = ", ".join("-" if r["back_at_accurate_s"] is None else f"{r['back_at_accurate_s']:.2f} s"
                          for r in run["recovery_s"])

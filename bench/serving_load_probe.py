@@ -98,17 +98,20 @@ class Probe(threading.Thread):
 
 
 def read_metrics(text: str, t: float) -> Scrape:
-    """The point in use (``cascade_operating_point{point} == 1``) and ``cascade_requests_total{point}``."""
+    """The point in use (``cascade_operating_point{point} == 1``), ``cascade_requests_total{point}`` and the
+    engine seconds so far (``cascade_batch_seconds_sum``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    point, requests = None, {}
+    point, requests, engine_s = None, {}, 0.0
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "cascade_operating_point" and s.value == 1:
                 point = s.labels.get("point")
             elif s.name == "cascade_requests_total":
                 requests[s.labels.get("point", "")] = s.value
-    return Scrape(t, point, requests)
+            elif s.name == "cascade_batch_seconds_sum":
+                engine_s += s.value  # one sample per engine process
+    return Scrape(t, point, requests, engine_s)
 
 
 class Scraper(threading.Thread):

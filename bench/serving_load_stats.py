@@ -38,11 +38,14 @@ class HeyRow:
 @dataclass(frozen=True)
 class Scrape:
     """One read of ``/metrics``: when (seconds since the run's start), the point in use (None: no gauge
-    at 1) and the requests answered so far at each point (``cascade_requests_total{point}``)."""
+    at 1), the requests answered so far at each point (``cascade_requests_total{point}``) and the engine's
+    seconds so far (``cascade_batch_seconds_sum``: its busy share per second tells whether the model or
+    the HTTP front bounds the load)."""
 
     t: float
     point: str | None
     requests: Mapping[str, float]
+    engine_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,11 @@ def points_per_second(scrapes: Sequence[Scrape], seconds: int) -> list[dict]:
         start = before[-1].requests if before else {}
         end = inside[-1].requests if inside else start
         delta = {p: round(end.get(p, 0.0) - start.get(p, 0.0)) for p in sorted(end)}
-        out.append({"t": s, "point": point, "requests_per_point": {p: n for p, n in delta.items() if n}})
+        busy = None
+        if before and inside and inside[-1].t > before[-1].t:
+            busy = round((inside[-1].engine_s - before[-1].engine_s) / (inside[-1].t - before[-1].t), 3)
+        out.append({"t": s, "point": point, "requests_per_point": {p: n for p, n in delta.items() if n},
+                    "engine_busy": busy})
     return out
 
 
@@ -197,7 +204,7 @@ def seconds_rows(steps: Sequence[Step], starts: Sequence[float], rows: Sequence[
         phase = max((i for i in range(len(steps)) if starts[i] <= s), default=0)
         probed = [a for a in answers if s <= a.t < s + 1 and a.status == 200]
         out.append({**load, "clients": steps[phase].clients, "point": point["point"],
-                    "requests_per_point": point["requests_per_point"],
+                    "requests_per_point": point["requests_per_point"], "engine_busy": point["engine_busy"],
                     "probe_images": sum(a.images for a in probed), "probe_correct": sum(a.correct for a in probed)})
     return out
 
@@ -217,7 +224,9 @@ def mode_report(steps: Sequence[Step], starts: Sequence[float], rows: Sequence[H
         before = [x for x in scrapes if x.t < a]
         first = max(before, key=lambda x: x.t).requests if before else {}
         last = inside[-1].requests if inside else first
+        busy = [r["engine_busy"] for r in per_s if a + 2 <= r["t"] < b - 1 and r["engine_busy"] is not None]
         phases.append({"clients": step.clients, "seconds": step.seconds, "start": round(a, 3), "end": round(b, 3),
+                       "engine_busy": round(sum(busy) / len(busy), 3) if busy else None,
                        **phase_latency(rows, per_s, a, b, per_request, target_ms),
                        "probe": probe_accuracy([x for x in answers if a <= x.t < b], held_out),
                        "requests_per_point": {p: round(v - first.get(p, 0.0)) for p, v in sorted(last.items())

@@ -73,6 +73,14 @@ def test_the_point_in_use_per_second_is_the_most_scraped_and_requests_are_counte
     assert rows[0]["requests_per_point"] == {"accurate": 9}
     assert rows[1]["requests_per_point"] == {"accurate": 4, "p1": 4}
     assert rows[2]["requests_per_point"] == {"p2": 7} and rows[3]["requests_per_point"] == {}
+    assert [r["engine_busy"] for r in rows] == [None, 0.0, 0.0, None]  # no engine seconds recorded
+
+
+def test_the_engine_busy_share_per_second_is_engine_seconds_over_wall_seconds() -> None:
+    scrapes = [Scrape(0.5, "accurate", {}, 0.0), Scrape(1.5, "accurate", {}, 0.25), Scrape(2.5, "p1", {}, 1.15)]
+    rows = points_per_second(scrapes, 3)
+    assert rows[0]["engine_busy"] is None  # no scrape before second 0
+    assert rows[1]["engine_busy"] == pytest.approx(0.25) and rows[2]["engine_busy"] == pytest.approx(0.9)
 
 
 def test_probe_accuracy_is_weighed_against_the_held_out_accuracy_of_the_points_it_was_answered_at() -> None:
