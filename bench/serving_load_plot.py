@@ -86,7 +86,8 @@ def print_table(report: dict) -> None:
             print(f"{mode:5s} {phase['clients']:>5d} x {phase['seconds']:>3g}s {phase['images_per_s']:9.1f} "
                   f"{_ms(phase['p50_ms']):>7s} {_ms(phase['p99_ms']):>7s} {_ms(phase['worst_p99_ms_after_2s']):>8s} "
                   f"{phase['non_200']:6d} {_pct(phase['engine_busy']):>5s} {_pct(pr['accuracy']):>8s} "
-                  f"{_pct(pr['se']):>5s} {_pct(pr['held_out_weighted']):>7s} {_pct(pr['difference'], True):>6s}  {shares}")
+                  f"{_pct(pr['se']):>5s} {_pct(pr['held_out_weighted']):>7s} "
+                  f"{_pct(pr['difference'], True):>6s}  {shares}")
         high = run["high_load"]["probe"]
         back = ", ".join("-" if r["back_at_accurate_s"] is None else f"{r['back_at_accurate_s']:.2f} s"
                          for r in run["recovery_s"])
