@@ -92,9 +92,12 @@ def served(model: str, engine: str, static: bool, log: Path, timeout: float = 18
 
 
 def hey(port: int, body: Path, kind: str, clients: int, *, seconds: float | None = None,
-        requests: int | None = None, path: str = "/invocations", headers: tuple[str, ...] = ()) -> subprocess.Popen:
+        requests: int | None = None, path: str = "/invocations", headers: tuple[str, ...] = (),
+        qps: float | None = None) -> subprocess.Popen:
+    """hey against the server; ``qps``: each client's rate limit in requests per second (None: none)."""
     amount = ["-z", f"{seconds}s"] if seconds is not None else ["-n", str(requests)]
-    cmd = ["hey", *amount, "-c", str(clients), "-m", "POST", "-T", kind, "-D", str(body), "-o", "csv",
+    rate = ["-q", f"{qps:g}"] if qps is not None else []
+    cmd = ["hey", *amount, *rate, "-c", str(clients), "-m", "POST", "-T", kind, "-D", str(body), "-o", "csv",
            *(arg for h in headers for arg in ("-H", h)), f"http://127.0.0.1:{port}{path}"]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 

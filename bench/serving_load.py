@@ -2,10 +2,11 @@
 --p99-ms``), on loopback, driven by ``hey`` (docs/DESIGN.md 'Serving').
 
 For each mode (``none``: ``cascade serve`` as it is; ``p99``: with ``--p99-ms T``), one LitServe server on
-the early exits; a short warm-up, then the load steps back to back (``--steps``, clients:seconds, default
-16 clients for 20 s, then 128, then 16). Each hey client is its own hey process with its own body of
-distinct test images (``--images-per-request K``: 1 = one raw PNG, as ``bench/serving.py`` sends; K > 1 =
-a JSON body of K base64 PNGs), so the load mixes easy and hard images. Beside it:
+the early exits; a short warm-up, then the load steps back to back (``--steps``, clients:seconds[:qps],
+default 16 clients for 20 s, then 128, then 16; with ``:qps`` each client sends at most that many requests
+per second (hey -q), so a step offers a set load instead of a closed loop's). Each hey client is its own
+hey process with its own body of distinct test images (``--images-per-request K``: 1 = one raw PNG, as
+``bench/serving.py`` sends; K > 1 = a JSON body of K base64 PNGs), so the load mixes easy and hard images. Beside it:
 
 - a labelled probe (``--probes`` threads, keep-alive connections) sends requests of the same shape through
   the test split and records each answer's time, the operating point it names, its exits and whether it
@@ -15,7 +16,7 @@ a JSON body of K base64 PNGs), so the load mixes easy and hard images. Beside it
 
 Reported per second of the run (hey's per-request CSV bucketed by each request's start): answered
 images/s, p50/p99 latency, non-200 answers, the point in use and the requests per point, the probe's
-images; per step and over the high-load step (every step at the most clients): the load figures, the
+images; per step and over the high-load step (every step offering the most load): the load figures, the
 worst per-second p99 after the step's first 2 s (and the seconds over T), the probe's accuracy and its
 standard error, each point's share of the probe's images, the held-out accuracy of those points weighted
 by those shares (the model's operating points, as ``cascade info --json`` prints them) and the difference;
@@ -25,13 +26,15 @@ and the time from each fall of the load to the first scrape back at ``accurate``
         [--steps 16:20,128:20,16:20] [--images-per-request 16] [--modes none p99]
         [--out bench/out/serving_load.json] [--plot bench/out/serving_load.png]
 
-The probe adds ``--probes`` closed-loop clients to hey's; its images are the test split's, so the
-difference in mode ``none`` is the test-vs-held-out gap of ``accurate`` alone, the baseline for ``p99``.
+The probe adds ``--probes`` clients to hey's (closed loops, or at most ``--probe-qps`` requests a second
+each); its images are the test split's, so the difference in mode ``none`` is the test-vs-held-out gap of
+``accurate`` alone, the baseline for ``p99``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import shutil
@@ -77,7 +80,7 @@ def run_steps(port: int, bodies: list[Path], kind: str, steps: list[Step], t0: f
         starts.append(time.monotonic() - t0)
         procs = []
         for body in bodies[:step.clients]:
-            procs.append((time.monotonic() - t0, hey(port, body, kind, 1, seconds=step.seconds)))
+            procs.append((time.monotonic() - t0, hey(port, body, kind, 1, seconds=step.seconds, qps=step.qps)))
         for began, proc in procs:
             rows += hey_rows(proc.communicate()[0], began)
     starts.append(time.monotonic() - t0)
@@ -95,7 +98,7 @@ def run_mode(args: argparse.Namespace, mode: str, test, bodies: list[Path], kind
         t0 = time.monotonic()
         spread = len(test.labels) // max(args.probes, 1)
         threads = [Scraper(port, t0)] + [Probe(port, test.images, test.labels, args.images_per_request, t0,
-                                               first=i * spread) for i in range(args.probes)]
+                                               first=i * spread, qps=args.probe_qps) for i in range(args.probes)]
         for thread in threads:
             thread.start()
         try:
@@ -117,12 +120,15 @@ def parser() -> argparse.ArgumentParser:
                    "operating points: calibrate records them)")
     p.add_argument("--data", type=Path, default=Path("data/prepared"), help="its test.npz gives the images and labels")
     p.add_argument("--p99-ms", type=float, default=50.0, help="the latency target of mode p99 (cascade serve --p99-ms)")
-    p.add_argument("--steps", default="16:20,128:20,16:20", help="the load steps, clients:seconds, comma-separated")
+    p.add_argument("--steps", default="16:20,128:20,16:20",
+                   help="the load steps, clients:seconds[:qps per client], comma-separated")
     p.add_argument("--images-per-request", type=int, default=1, help="1: a raw PNG; K > 1: JSON of K base64 PNGs")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="none: no target; p99: --p99-ms")
     p.add_argument("--engine", choices=("torch", "onnx"), default="torch", help="cascade serve --engine")
     p.add_argument("--serve-args", default="", help="more `cascade serve` arguments, e.g. '--max-images 512'")
     p.add_argument("--probes", type=int, default=2, help="labelled probe threads (0: no accuracy figures)")
+    p.add_argument("--probe-qps", type=float, default=None,
+                   help="each probe's rate limit in requests per second (default: a closed loop)")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of the first step's load before the run")
     p.add_argument("--out", type=Path, default=Path("bench/out/serving_load.json"))
     p.add_argument("--plot", type=Path, default=None, help="write the per-second plot (PNG) here")
@@ -143,6 +149,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--p99-ms must be a number of milliseconds > 0, got {args.p99_ms}")
     if not 0 <= args.probes <= 8 or args.warmup < 0:
         p.error("--probes must be in 0..8 and --warmup >= 0")
+    if args.probe_qps is not None and not (math.isfinite(args.probe_qps) and args.probe_qps > 0):
+        p.error(f"--probe-qps must be a number > 0, got {args.probe_qps}")
     if not args.model.startswith("models:/") and not Path(args.model).is_dir():
         p.error(f"--model {args.model}: no model directory there")
     if not (args.data / "test.npz").is_file():
@@ -185,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--data {args.data}: {exc}")
         bodies, kind = client_bodies(test.images, max(s.clients for s in args.steps), args.images_per_request, tmp)
         report = {"model": source, "data": str(args.data), "cpus": os.cpu_count(), "engine": args.engine,
-                  "steps": [[s.clients, s.seconds] for s in args.steps], "images_per_request": args.images_per_request,
+                  "steps": [[s.clients, s.seconds, s.qps] for s in args.steps],
+                  "images_per_request": args.images_per_request,
                   "p99_ms": args.p99_ms, "serve_args": shlex.split(args.serve_args), "probes": args.probes,
                   "held_out": held_out, "modes": {}}
         for mode in args.modes:

@@ -63,8 +63,8 @@ def plot(report: dict, path: str | os.PathLike[str]) -> None:
     axes[2].set_yticks(range(len(names)), names)
     axes[2].set_ylim(len(names) - 0.5, -0.5)
     axes[2].set_ylabel("point in use")
-    axes[2].set_xlabel("seconds since the load started (steps: " +
-                       ", ".join(f"{c} clients {s:g} s" for c, s in report["steps"]) + ")")
+    steps = ", ".join(f"{c} clients{'' if q is None else f' at {q:g}/s'} {s:g} s" for c, s, q in report["steps"])
+    axes[2].set_xlabel(f"seconds since the load started (steps: {steps})")
     axes[0].legend(loc="upper left", fontsize=8)
     axes[0].set_title(f"cascade serve under a load step: {report['images_per_request']} image(s) per request, "
                       f"{report['engine']} engine", fontsize=10)

@@ -65,11 +65,12 @@ def judge(t: float, status: int, body: bytes, labels: np.ndarray) -> ProbeAnswer
 
 
 class Probe(threading.Thread):
-    """Sends ``per_request`` test images at a time, one request after another, from ``first`` on through
-    the split (cycling), until stopped; ``answers`` holds what each reply said."""
+    """Sends ``per_request`` test images at a time, one request after another (at most ``qps`` a second),
+    from ``first`` on through the split (cycling), until stopped; ``answers`` holds what each reply said."""
 
     def __init__(self, port: int, images: np.ndarray, labels: np.ndarray, per_request: int, t0: float,
-                 first: int = 0, encode: Callable[[np.ndarray], bytes] | None = None) -> None:
+                 first: int = 0, encode: Callable[[np.ndarray], bytes] | None = None, qps: float | None = None
+                 ) -> None:
         super().__init__(daemon=True)
         from pipeline.registry.payload import encode_png
 
@@ -78,6 +79,7 @@ class Probe(threading.Thread):
         self.cache: dict[int, bytes] = {}
         self.stop = threading.Event()
         self.answers: list[ProbeAnswer] = []
+        self.gap = 0.0 if qps is None else 1.0 / qps  # at most qps requests per second (None: a closed loop)
 
     def _png(self, i: int) -> bytes:
         if i not in self.cache:
@@ -86,7 +88,11 @@ class Probe(threading.Thread):
 
     def run(self) -> None:
         conn = Connection(self.port)
+        due = time.monotonic()
         while not self.stop.is_set():
+            if self.gap and self.stop.wait(max(0.0, due - time.monotonic())):
+                break
+            due = max(due + self.gap, time.monotonic() - self.gap)  # no burst to catch up after a slow answer
             index = [(self.next + j) % len(self.images) for j in range(self.k)]
             self.next = (self.next + self.k) % len(self.images)
             body, kind = request_body([self._png(i) for i in index])

@@ -20,10 +20,18 @@ ACCURATE = "accurate"  # the accuracy-first point (pipeline.routing.operating_po
 
 @dataclass(frozen=True)
 class Step:
-    """One phase of the load: ``clients`` hey clients for ``seconds``."""
+    """One phase of the load: ``clients`` hey clients for ``seconds``, each sending at most ``qps`` requests
+    per second (None: as fast as answers come, a closed loop)."""
 
     clients: int
     seconds: float
+    qps: float | None = None
+
+    @property
+    def load(self) -> tuple[bool, float]:
+        """For ordering steps by the load they offer: any closed-loop step above every rate-limited one,
+        then by clients (closed loop) or clients x qps (requests per second)."""
+        return (self.qps is None, self.clients * (self.qps or 1.0))
 
 
 @dataclass(frozen=True)
@@ -62,19 +70,24 @@ class ProbeAnswer:
 
 
 def parse_steps(text: str, max_clients: int = 1024) -> list[Step]:
-    """``"16:20,128:20,16:20"`` (clients:seconds, comma-separated) -> steps; a ValueError naming the bad item."""
+    """``"16:20,128:20:2.5,16:20"`` (clients:seconds[:qps per client], comma-separated) -> steps; a
+    ValueError naming the bad item."""
     steps = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) != 2:
-            raise ValueError(f"load step {item.strip()!r}: expected clients:seconds, e.g. 16:20")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"load step {item.strip()!r}: expected clients:seconds[:qps], e.g. 16:20 or 16:20:5")
         try:
             clients, seconds = int(parts[0]), float(parts[1])
+            qps = float(parts[2]) if len(parts) == 3 else None
         except ValueError:
-            raise ValueError(f"load step {item.strip()!r}: clients must be an integer and seconds a number") from None
+            raise ValueError(f"load step {item.strip()!r}: clients must be an integer, seconds and qps "
+                             f"numbers") from None
         if not 1 <= clients <= max_clients or not (math.isfinite(seconds) and seconds >= 1):
             raise ValueError(f"load step {item.strip()!r}: need 1 <= clients <= {max_clients} and seconds >= 1")
-        steps.append(Step(clients, seconds))
+        if qps is not None and not (math.isfinite(qps) and qps > 0):
+            raise ValueError(f"load step {item.strip()!r}: qps (requests per second per client) must be > 0")
+        steps.append(Step(clients, seconds, qps))
     return steps
 
 
@@ -156,12 +169,13 @@ def weighted_held_out(shares: Mapping[str, float], held_out: Mapping[str, float 
 
 
 def falls(steps: Sequence[Step], starts: Sequence[float]) -> list[tuple[float, float]]:
-    """(when the load falls, when the next rise or the run's end comes) for each step with fewer clients
-    than the one before; ``starts``: the steps' starts and then the run's end, on the run's clock."""
+    """(when the load falls, when the next rise or the run's end comes) for each step offering less load
+    than the one before (``Step.load``); ``starts``: the steps' starts and then the run's end, on the run's
+    clock."""
     out = []
     for i in range(1, len(steps)):
-        if steps[i].clients < steps[i - 1].clients:
-            rise = next((j for j in range(i + 1, len(steps)) if steps[j].clients > steps[j - 1].clients), len(steps))
+        if steps[i].load < steps[i - 1].load:
+            rise = next((j for j in range(i + 1, len(steps)) if steps[j].load > steps[j - 1].load), len(steps))
             out.append((starts[i], starts[rise]))
     return out
 
@@ -214,7 +228,7 @@ def mode_report(steps: Sequence[Step], starts: Sequence[float], rows: Sequence[H
                 target_ms: float | None) -> dict:
     """One server run: per-second rows, per-phase summaries (load, probe accuracy beside the held-out
     figure of the points used, the requests per point), the high-load step's probe accuracy (every step
-    at the most clients) and the time back at the accuracy-first point after each fall.
+    offering the most load) and the time back at the accuracy-first point after each fall.
     ``starts``: each step's start on the run's clock, then the run's end."""
     per_s = seconds_rows(steps, starts, rows, scrapes, answers, per_request)
     phases = []
@@ -225,14 +239,15 @@ def mode_report(steps: Sequence[Step], starts: Sequence[float], rows: Sequence[H
         first = max(before, key=lambda x: x.t).requests if before else {}
         last = inside[-1].requests if inside else first
         busy = [r["engine_busy"] for r in per_s if a + 2 <= r["t"] < b - 1 and r["engine_busy"] is not None]
-        phases.append({"clients": step.clients, "seconds": step.seconds, "start": round(a, 3), "end": round(b, 3),
+        phases.append({"clients": step.clients, "qps_per_client": step.qps, "seconds": step.seconds,
+                       "start": round(a, 3), "end": round(b, 3),
                        "engine_busy": round(sum(busy) / len(busy), 3) if busy else None,
                        **phase_latency(rows, per_s, a, b, per_request, target_ms),
                        "probe": probe_accuracy([x for x in answers if a <= x.t < b], held_out),
                        "requests_per_point": {p: round(v - first.get(p, 0.0)) for p, v in sorted(last.items())
                                               if round(v - first.get(p, 0.0))}})
-    top = max(s.clients for s in steps)
-    high = [i for i, s in enumerate(steps) if s.clients == top]
+    top = max(s.load for s in steps)
+    high = [i for i, s in enumerate(steps) if s.load == top]
     probed = [x for x in answers if any(starts[i] <= x.t < starts[i + 1] for i in high)]
     return {"seconds": per_s, "phases": phases,
             "high_load": {"phases": high, "probe": probe_accuracy(probed, held_out)},

@@ -43,7 +43,9 @@ HEY_CSV = """response-time,DNS+dialup,DNS,Request-write,Response-delay,Response-
 
 def test_steps_parse_and_bad_steps_are_named() -> None:
     assert parse_steps("16:20,128:20, 16:20") == [Step(16, 20.0), Step(128, 20.0), Step(16, 20.0)]
-    for bad in ("16", "a:3", "0:5", "16:0", "16:nan", "16:20,", "2000:5", "4:2:1"):
+    assert parse_steps("16:20:5,128:20:1.25") == [Step(16, 20.0, 5.0), Step(128, 20.0, 1.25)]
+    assert Step(128, 20, 1.25).load > Step(16, 20, 5).load and Step(2, 5).load > Step(128, 20, 1.25).load
+    for bad in ("16", "a:3", "0:5", "16:0", "16:nan", "16:20,", "2000:5", "4:2:1:1", "4:2:0", "4:2:x"):
         with pytest.raises(ValueError, match="load step"):
             parse_steps(bad)
 
