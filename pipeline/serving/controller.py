@@ -2,15 +2,19 @@
 are answered at, from what the server measures (pure logic; the server feeds it, docs/DESIGN.md 'Serving').
 
 Signals, over a sliding window of ``window_s`` seconds: the p99 of the requests' server-side latency up
-to their answer (queue wait + batch time), the engine's busy share (batch time / wall time) and the load
-(images answered per second). Points are ordered from the accuracy-first one (index 0) to the cheapest,
-each with its held-out mean MACs, and the engine's time per image is taken to scale with those MACs (so
-the busy share or latency at another point is predicted as ``value * macs_j / macs_i``).
+to their answer (queue wait + batch time), the engine's busy share (batch time / wall time), the serving
+process's share outside the engine (decoding requests and encoding answers, which a cheaper point does not
+shorten) and the load (images answered per second). Points are ordered from the accuracy-first one (index
+0) to the cheapest, each with its held-out mean MACs, and the engine's time per image is taken to scale
+with those MACs (so the process's busy share at another point is predicted as ``busy * macs_j / macs_i +
+other``, and its latency as ``latency * macs_j / macs_i``).
 
-- Down (cheaper) when the window's p99 passes ``high * target``: to the most accurate cheaper point whose
-  predicted busy share is at most ``settle``, one step at least (a queue grows fast; one step at a time
-  could take seconds to catch it). The point left is remembered with the images per busy second it
-  answered (its capacity at the batch sizes the overload made).
+- Down (cheaper) when the window's p99 passes ``high * target`` and the process is busy (its share at
+  least ``settle``; with slack, the latency is not the model's queue, and no point buys it back): to the
+  most accurate cheaper point whose predicted busy share is at most ``settle``, one step at least (a queue
+  grows fast; one step at a time could take seconds to catch it), the cheapest if none is. The point left
+  is remembered with the images per busy second it answered (its capacity at the batch sizes the overload
+  made).
 - Up (more accurate) to the most accurate point that is either predicted to hold (p99 below
   ``low * target`` and busy share at most ``up_busy``) or was seen holding (p99 within ``high * target``)
   at this load or more, with no point overloaded at this load between it and the point in use: a point
@@ -67,6 +71,13 @@ class Window:
     busy: float  # the engine's busy share, 0..1
     rate: float  # images answered per second
     capacity: float  # images answered per second of engine time
+    other: float = 0.0  # the serving process's share of wall time outside the engine (decoding requests,
+    # encoding answers): it does not scale with the point's MACs
+
+    def utilisation(self, ratio: float = 1.0) -> float:
+        """The serving process's busy share were the engine's time scaled by ``ratio`` (a point's MACs over
+        the point in use's)."""
+        return self.busy * ratio + self.other
 
 
 def p99(values: Sequence[float]) -> float:
@@ -84,14 +95,16 @@ def decide(index: int, seen: Window, costs: Sequence[float], cfg: ControlConfig,
     point was seen holding the target at (points not listed: never, or forgotten)."""
     overloaded, held = overloaded or {}, held or {}
     if seen.latency > cfg.high * cfg.target_s and index < len(costs) - 1:
+        if seen.utilisation() < cfg.settle:
+            return index  # the process has slack: the latency is not the model's queue, no point buys it back
         for j in range(index + 1, len(costs)):
-            if seen.busy * costs[j] / costs[index] <= cfg.settle:
+            if seen.utilisation(costs[j] / costs[index]) <= cfg.settle:
                 return j
         return len(costs) - 1
     best = index
     for j in range(index - 1, -1, -1):
         ratio = costs[j] / costs[index]
-        predicted = seen.latency * ratio < cfg.low * cfg.target_s and seen.busy * ratio <= cfg.up_busy
+        predicted = seen.latency * ratio < cfg.low * cfg.target_s and seen.utilisation(ratio) <= cfg.up_busy
         if seen.rate >= (1 - cfg.margin) * overloaded.get(j, math.inf):
             break  # overloaded at this load: neither it nor a costlier point
         if predicted or seen.rate <= held.get(j, 0.0):
@@ -108,7 +121,7 @@ class LatencyController:
         self.costs, self.config = [float(c) for c in costs], config
         self.index, self.last_move = 0, -math.inf
         self.latencies: deque[tuple[float, float]] = deque()  # (time, request latency)
-        self.batches: deque[tuple[float, float, int]] = deque()  # (time, batch seconds, images)
+        self.batches: deque[tuple[float, float, int, float]] = deque()  # (time, batch s, images, other s)
         self.since = -math.inf  # the last move: requests that arrived earlier are not counted
         self.started: float | None = None  # the first batch's start: the window's span begins there
         self.last_seen = -math.inf  # the last batch's end
@@ -143,27 +156,31 @@ class LatencyController:
         return None
 
     def window(self, now: float) -> Window:
-        """The window's p99 latency, busy share, load and capacity at ``now``."""
+        """The window's p99 latency, busy shares (engine, outside it), load and capacity at ``now``."""
         span = max(min(self.config.window_s, now - max(self.started or now, self.since)), 1e-9)
-        busy = sum(b for _, b, _ in self.batches)
-        images = sum(n for _, _, n in self.batches)
-        return Window(p99([v for _, v in self.latencies]), min(1.0, busy / max(span, busy)),
-                      images / max(span, busy), images / max(busy, 1e-9))
+        busy = sum(b for _, b, _, _ in self.batches)
+        images = sum(n for _, _, n, _ in self.batches)
+        other = sum(o for _, _, _, o in self.batches)
+        wall = max(span, busy + other)
+        return Window(p99([v for _, v in self.latencies]), busy / wall, images / max(span, busy),
+                      images / max(busy, 1e-9), other / wall)
 
-    def observe(self, now: float, batch_s: float, arrivals: Sequence[float], images: int | None = None
-                ) -> int | None:
+    def observe(self, now: float, batch_s: float, arrivals: Sequence[float], images: int | None = None,
+                other_s: float = 0.0) -> int | None:
         """After a batch that took ``batch_s`` and answered ``images`` images (default: one per request) for
-        requests that arrived at ``arrivals`` (the clock of ``now``): the new index where the controller
-        moves, else None. Requests that arrived before the last move are not counted: their wait belongs
-        to the point left."""
+        requests that arrived at ``arrivals`` (the clock of ``now``), the serving process having spent
+        ``other_s`` outside the engine since the last batch: the new index where the controller moves, else
+        None. Requests that arrived before the last move are not counted: their wait belongs to the point
+        left."""
         if self.started is None:
-            self.started = now - batch_s
-        self.batches.append((now, batch_s, len(arrivals) if images is None else images))
+            self.started = now - batch_s - other_s
+        self.batches.append((now, batch_s, len(arrivals) if images is None else images, max(0.0, other_s)))
         self.last_seen = now
         self.latencies.extend((now, now - arrived) for arrived in arrivals if arrived >= self.since)
         self._expire(now)
-        if now - self.last_move < self.config.dwell_s or len(self.latencies) < self.config.min_samples:
-            return None
+        if (now - self.last_move < self.config.dwell_s or now - self.started < self.config.dwell_s
+                or len(self.latencies) < self.config.min_samples):
+            return None  # the first dwell too: a busy share read over a few batches means little
         seen = self.window(now)
         if seen.latency <= self.config.high * self.config.target_s and now - self.since >= self.config.window_s:
             self.held[self.index] = (max(seen.rate, self.held.get(self.index, (0.0, now))[0]), now)

@@ -20,8 +20,10 @@ TARGET_S = 0.05
 
 
 def simulate(rate: Callable[[float], float], seconds: float, seed: int = 0,
-             config: ControlConfig | None = None) -> dict[str, list]:
-    """Per request: arrival, latency and the point that served it; the controller's moves (time, index)."""
+             config: ControlConfig | None = None, front_s: float = 0.0) -> dict[str, list]:
+    """Per request: arrival, latency and the point that served it; the controller's moves (time, index).
+    ``front_s``: time every request spends in front of the engine's queue (an HTTP front at its limit) and
+    that the server's latency counts."""
     rng = np.random.default_rng(seed)
     arrivals, t = [], 0.0
     while t < seconds:
@@ -39,9 +41,9 @@ def simulate(rate: Callable[[float], float], seconds: float, seed: int = 0,
         duration = OVERHEAD_S + len(batch) * PER_IMAGE_S * COSTS[control.index] / COSTS[0]
         clock += duration
         out["arrival"] += batch
-        out["latency"] += [clock - a for a in batch]
+        out["latency"] += [clock - a + front_s for a in batch]
         out["point"] += [control.index] * len(batch)
-        moved = control.observe(clock, duration, batch)
+        moved = control.observe(clock, duration, [a - front_s for a in batch])
         if moved is not None:
             out["moves"].append((clock, moved))
         i += len(batch)
@@ -98,6 +100,15 @@ def test_a_constant_load_does_not_flap(rate: float) -> None:
     assert max(per_second(run, 10, 35)) <= TARGET_S
 
 
+@pytest.mark.parametrize("rate", [50, 100, 200])
+def test_latency_outside_the_engine_moves_nothing(rate: float) -> None:
+    """Every request waits 80 ms in front of the engine (over the 50 ms target) while the engine has
+    slack (busy 10-50% of the time): no point can buy that back, so the controller stays at the
+    accuracy-first point."""
+    run = simulate(lambda t: rate, 20, seed=int(rate), front_s=0.08)
+    assert run["moves"] == [] and set(run["point"]) == {0}
+
+
 def test_decide_follows_its_rules() -> None:
     cfg = ControlConfig(target_s=1.0)
     hot = lambda busy: Window(0.9, busy, 500.0, 500.0)  # noqa: E731 over high * target
@@ -105,6 +116,10 @@ def test_decide_follows_its_rules() -> None:
     assert decide(0, hot(0.8), COSTS, cfg) == 1  # one step is enough (0.8 * 0.85 <= 0.7)
     assert decide(0, hot(1.0), [100.0, 90.0, 80.0], cfg) == 2  # nothing settles: the cheapest
     assert decide(4, hot(1.0), COSTS, cfg) == 4  # the cheapest already
+    assert decide(0, Window(0.9, 0.3, 500.0, 500.0, other=0.2), COSTS, cfg) == 0  # slack: not the model's queue
+    decoding = Window(0.9, 0.5, 500.0, 500.0, other=0.45)  # busy with requests outside the engine too
+    assert decide(0, decoding, COSTS, cfg) == 4  # 0.5 * 40/100 + 0.45 > 0.7: nothing settles, the cheapest
+    assert decide(0, Window(0.9, 0.5, 500.0, 500.0, other=0.3), COSTS, cfg) == 2  # 0.5 * 70/100 + 0.3 <= 0.7
     assert decide(4, Window(0.1, 0.2, 100.0, 500.0), COSTS, cfg) == 0  # light: all the way up
     assert decide(4, Window(0.25, 0.2, 100.0, 500.0), COSTS, cfg) == 3  # 0.25 * 85/40 > 0.35: one step
     assert decide(2, Window(0.5, 0.3, 100.0, 500.0), COSTS, cfg) == 2  # between low and high: stay
