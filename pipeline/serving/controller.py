@@ -3,10 +3,11 @@ are answered at, from what the server measures (pure logic; the server feeds it,
 
 Signals, over a sliding window of ``window_s`` seconds: the p99 of the requests' server-side latency up
 to their answer (queue wait + batch time), the engine's busy share (batch time / wall time), the serving
-process's share outside the engine (decoding requests and encoding answers, which a cheaper point does not
-shorten) and the load (images answered per second). Points are ordered from the accuracy-first one (index
-0) to the cheapest, each with its held-out mean MACs, and the engine's time per image is taken to scale
-with those MACs (so the process's busy share at another point is predicted as ``busy * macs_j / macs_i +
+process's share outside the engine while requests waited (from the later of the last batch's end and
+the first waiting request's arrival to the next batch's start: decoding requests, encoding answers, the
+server's own queues; a cheaper point does not shorten it) and the load (images answered per second).
+Points are ordered from the accuracy-first one (index 0) to the cheapest, each with its held-out mean
+MACs, and the engine's time per image is taken to scale with those MACs (so the process's busy share at another point is predicted as ``busy * macs_j / macs_i +
 other``, and its latency as ``latency * macs_j / macs_i``).
 
 - Down (cheaper) when the window's p99 passes ``high * target`` and the process is busy (its share at
@@ -70,9 +71,9 @@ class Window:
     latency: float  # p99 of the requests' latency, seconds
     busy: float  # the engine's busy share, 0..1
     rate: float  # images answered per second
-    capacity: float  # images answered per second of engine time
-    other: float = 0.0  # the serving process's share of wall time outside the engine (decoding requests,
-    # encoding answers): it does not scale with the point's MACs
+    capacity: float  # images answered per busy second of the serving process (engine and outside it)
+    other: float = 0.0  # the serving process's share of wall time outside the engine while requests
+    # waited (decoding, encoding, queues): it does not scale with the point's MACs
 
     def utilisation(self, ratio: float = 1.0) -> float:
         """The serving process's busy share were the engine's time scaled by ``ratio`` (a point's MACs over
@@ -163,15 +164,15 @@ class LatencyController:
         other = sum(o for _, _, _, o in self.batches)
         wall = max(span, busy + other)
         return Window(p99([v for _, v in self.latencies]), busy / wall, images / max(span, busy),
-                      images / max(busy, 1e-9), other / wall)
+                      images / max(busy + other, 1e-9), other / wall)
 
     def observe(self, now: float, batch_s: float, arrivals: Sequence[float], images: int | None = None,
                 other_s: float = 0.0) -> int | None:
         """After a batch that took ``batch_s`` and answered ``images`` images (default: one per request) for
         requests that arrived at ``arrivals`` (the clock of ``now``), the serving process having spent
-        ``other_s`` outside the engine since the last batch: the new index where the controller moves, else
-        None. Requests that arrived before the last move are not counted: their wait belongs to the point
-        left."""
+        ``other_s`` outside the engine since the last batch while requests waited: the new index where the
+        controller moves, else None. Requests that arrived before the last move are not counted: their
+        wait belongs to the point left."""
         if self.started is None:
             self.started = now - batch_s - other_s
         self.batches.append((now, batch_s, len(arrivals) if images is None else images, max(0.0, other_s)))

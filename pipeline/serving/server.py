@@ -21,6 +21,7 @@ wait and batch time (:mod:`pipeline.serving.controller`). A batch with several p
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -134,7 +135,7 @@ class CascadeAPI(ls.LitAPI):
         self.metrics.in_use(self.current.name, self.current.mean_macs, [p.name for p in self.engine.points],
                             changed=False)
         self.control = None
-        self.outside_s = 0.0  # seconds spent decoding requests and encoding answers since the last batch
+        self.last_end = -math.inf  # when the engine last finished a batch
         if self.config.p99_ms is not None:
             self.control = latency_controller(self.engine.points, self.config.p99_ms)
 
@@ -158,13 +159,6 @@ class CascadeAPI(ls.LitAPI):
             raise BadRequest(str(exc)) from None
 
     def decode_request(self, request) -> Job | Refused:  # unannotated: LitServe passes the JSON
-        start = time.monotonic()
-        try:
-            return self._decode(request)
-        finally:
-            self.outside_s += time.monotonic() - start  # this process's time a cheaper point does not shorten
-
-    def _decode(self, request: Any) -> Job | Refused:
         from pipeline.serving.metrics import BUDGET, reason_of
 
         try:
@@ -192,21 +186,15 @@ class CascadeAPI(ls.LitAPI):
         images = sum(len(j.images) for j in jobs)
         self.metrics.batch(len(jobs), images, end - start, [start - a for a in arrivals])
         if self.control is not None:
-            self._follow(self.control.observe(end, end - start, arrivals, images, self.outside_s))
-        self.outside_s = 0.0
+            outside = max(0.0, start - max(self.last_end, min(arrivals, default=start)))
+            self._follow(self.control.observe(end, end - start, arrivals, images, outside))
+        self.last_end = end
         return out
 
     def unbatch(self, outputs: list[Any]) -> list[Any]:
         return outputs
 
     def encode_response(self, output: Answer | Refused) -> Any:
-        start = time.monotonic()
-        try:
-            return self._encode(output)
-        finally:
-            self.outside_s += time.monotonic() - start
-
-    def _encode(self, output: Answer | Refused) -> Any:
         if isinstance(output, Answer):
             point = output.point
             self.metrics.answered([r["exit"] for r in output.rows], point.name if point else "static")

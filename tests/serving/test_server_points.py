@@ -117,8 +117,8 @@ def test_the_server_follows_its_controller(points_model: Path) -> None:
     images = uint8_images(1, seed=4)
     points = api.engine.points
     assert api.current == points[0]
-    late = [Job(images, None, time.monotonic() - 1.0) for _ in range(30)]  # each waited 1 s
-    api.outside_s = 1.0  # while the process was busy decoding (a waiting time an idle engine would not move on)
+    api.last_end = time.monotonic() - 1.0  # the last batch ended 1 s ago, when these requests arrived:
+    late = [Job(images, None, time.monotonic() - 1.0) for _ in range(30)]  # the process was busy since
     answers = api.predict(late)
     assert {a.point.name for a in answers} == {"accurate"} and api.current != points[0]
     cheaper = api.current
