@@ -1,14 +1,14 @@
 """The latency controller of ``cascade serve --p99-ms``: which operating point requests without a budget
 are answered at, from what the server measures (pure logic; the server feeds it, docs/DESIGN.md 'Serving').
 
-Signals, over a sliding window of ``window_s`` seconds: the p99 of the requests' server-side latency up
-to their answer (queue wait + batch time), the engine's busy share (batch time / wall time), the serving
-process's share outside the engine while requests waited (from the later of the last batch's end and
-the first waiting request's arrival to the next batch's start: decoding requests, encoding answers, the
-server's own queues; a cheaper point does not shorten it) and the load (images answered per second).
-Points are ordered from the accuracy-first one (index 0) to the cheapest, each with its held-out mean
-MACs, and the engine's time per image is taken to scale with those MACs (so the process's busy share at another point is predicted as ``busy * macs_j / macs_i +
-other``, and its latency as ``latency * macs_j / macs_i``).
+Signals, over a sliding window of ``window_s`` seconds: the p99 of the requests' server-side latency up to
+their answer (queue wait + batch time), the engine's busy share (batch time / wall time), the serving
+process's share outside the engine while requests waited (from the later of the last batch's end and the
+first waiting request's arrival to the next batch's start: decoding requests, encoding answers, the server's
+own queues; a cheaper point does not shorten it) and the load (images answered per second). Points are
+ordered from the accuracy-first one (index 0) to the cheapest, each with its held-out mean MACs, and the
+engine's time per image is taken to scale with those MACs (so the process's busy share at another point is
+predicted as ``busy * macs_j / macs_i + other``, and its latency as ``latency * macs_j / macs_i``).
 
 - Down (cheaper) when the window's p99 passes ``high * target`` and the process is busy (its share at
   least ``settle``; with slack, the latency is not the model's queue, and no point buys it back): to the
