@@ -55,3 +55,12 @@ def test_bad_anchors_are_refused_by_name() -> None:
         AnchorNet("resnet18", 2.5, 3, 10)
     with pytest.raises(ValueError, match="width must be > 0"):
         AnchorNet("mnasnet", 0, 3, 10)
+
+
+@pytest.mark.parametrize(("arch", "width"), [(a, w) for a, ws in WIDTHS.items() for w in ws])
+def test_every_anchors_batchnorm_statistics_follow_a_short_run(arch: str, width: float) -> None:
+    """At this project's step budgets (thousands of steps) running statistics must follow the weights: a
+    momentum of 0.01 (MobileNetV3's own) averages over about 100 steps; MNASNet's TensorFlow decay
+    (momentum 0.0003, over about 3,000) would leave them near their initial values."""
+    net = AnchorNet(arch, width, 1, 10)
+    assert min(m.momentum for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)) >= 0.01
