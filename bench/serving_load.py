@@ -70,17 +70,23 @@ def client_bodies(images: np.ndarray, clients: int, per_request: int, tmp: Path)
     return bodies, "image/png" if per_request == 1 else "application/json"
 
 
-def run_steps(port: int, bodies: list[Path], kind: str, steps: list[Step], t0: float
+def hey_groups(clients: int, per_process: int) -> list[int]:
+    """How many clients each hey process of a step runs: ``per_process`` each, the last one the rest."""
+    return [min(per_process, clients - start) for start in range(0, clients, per_process)]
+
+
+def run_steps(port: int, bodies: list[Path], kind: str, steps: list[Step], t0: float, per_process: int = 1
               ) -> tuple[list[HeyRow], list[float]]:
-    """The steps back to back: each step's hey processes (one per client) for its seconds. Each process's
-    rows are placed on the run's clock by its own start. Returns the rows and the steps' starts followed
-    by the run's end."""
+    """The steps back to back: each step's hey processes (``per_process`` clients each, each process its own
+    body) for its seconds. Each process's rows are placed on the run's clock by its own start. Returns the
+    rows and the steps' starts followed by the run's end."""
     rows, starts = [], []
     for step in steps:
         starts.append(time.monotonic() - t0)
         procs = []
-        for body in bodies[:step.clients]:
-            procs.append((time.monotonic() - t0, hey(port, body, kind, 1, seconds=step.seconds, qps=step.qps)))
+        for body, clients in zip(bodies, hey_groups(step.clients, per_process), strict=False):
+            procs.append((time.monotonic() - t0,
+                          hey(port, body, kind, clients, seconds=step.seconds, qps=step.qps)))
         for began, proc in procs:
             rows += hey_rows(proc.communicate()[0], began)
     starts.append(time.monotonic() - t0)
@@ -93,7 +99,8 @@ def run_mode(args: argparse.Namespace, mode: str, test, bodies: list[Path], kind
     extra = tuple(shlex.split(args.serve_args)) + (("--p99-ms", f"{args.p99_ms:g}") if mode == "p99" else ())
     with served(args.model, args.engine, False, log, extra=extra) as port:
         if args.warmup > 0:
-            run_load(port, bodies[:args.steps[0].clients], kind, 1, args.warmup, args.images_per_request)
+            first = hey_groups(args.steps[0].clients, args.clients_per_hey)
+            run_load(port, bodies[:len(first)], kind, first[0], args.warmup, args.images_per_request)
             time.sleep(SETTLE_S)
         t0 = time.monotonic()
         spread = len(test.labels) // max(args.probes, 1)
@@ -102,7 +109,7 @@ def run_mode(args: argparse.Namespace, mode: str, test, bodies: list[Path], kind
         for thread in threads:
             thread.start()
         try:
-            rows, starts = run_steps(port, bodies, kind, args.steps, t0)
+            rows, starts = run_steps(port, bodies, kind, args.steps, t0, args.clients_per_hey)
         finally:
             for thread in threads:
                 thread.stop.set()
@@ -129,6 +136,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--probes", type=int, default=2, help="labelled probe threads (0: no accuracy figures)")
     p.add_argument("--probe-qps", type=float, default=None,
                    help="each probe's rate limit in requests per second (default: a closed loop)")
+    p.add_argument("--clients-per-hey", type=int, default=1,
+                   help="clients per hey process (each process its own body); 1: a process per client. On a "
+                        "2-core host 128 hey processes take CPU from the server (docs/DESIGN.md 'Serving')")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of the first step's load before the run")
     p.add_argument("--out", type=Path, default=Path("bench/out/serving_load.json"))
     p.add_argument("--plot", type=Path, default=None, help="write the per-second plot (PNG) here")
@@ -147,6 +157,8 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--images-per-request must be in 1..1024, got {args.images_per_request}")
     if not (args.p99_ms > 0 and np.isfinite(args.p99_ms)):
         p.error(f"--p99-ms must be a number of milliseconds > 0, got {args.p99_ms}")
+    if not 1 <= args.clients_per_hey <= 1024:
+        p.error(f"--clients-per-hey must be in 1..1024, got {args.clients_per_hey}")
     if not 0 <= args.probes <= 8 or args.warmup < 0:
         p.error("--probes must be in 0..8 and --warmup >= 0")
     if args.probe_qps is not None and not (math.isfinite(args.probe_qps) and args.probe_qps > 0):

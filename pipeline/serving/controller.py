@@ -10,12 +10,16 @@ ordered from the accuracy-first one (index 0) to the cheapest, each with its hel
 engine's time per image is taken to scale with those MACs (so the process's busy share at another point is
 predicted as ``busy * macs_j / macs_i + other``, and its latency as ``latency * macs_j / macs_i``).
 
-- Down (cheaper) when the window's p99 passes ``high * target`` and the process is busy (its share at
-  least ``settle``; with slack, the latency is not the model's queue, and no point buys it back): to the
-  most accurate cheaper point whose predicted busy share is at most ``settle``, one step at least (a queue
-  grows fast; one step at a time could take seconds to catch it), the cheapest if none is. The point left
-  is remembered with the images per busy second it answered (its capacity at the batch sizes the overload
-  made).
+- Down (cheaper) when the window's p99 passes ``high * target`` (``low * target`` once the process is
+  ``full`` busy: near full, one pause of the process puts the target out of reach) and the process is
+  busy (its share at least ``settle``; with slack, the latency is not the model's queue, and no point buys
+  it back): to the most accurate cheaper point whose predicted busy share is at most ``settle``, one step
+  at least (a queue grows fast; one step at a time could take seconds to catch it), the cheapest if none
+  is. The point left is remembered with the images per busy second it answered (its capacity at the
+  batch sizes the overload made). From a point seen holding the target (within ``memory_s``), a down move
+  waits ``confirm_s`` and is made only if the latest answers (to requests that arrived after it was first
+  called for) are still late: a pause of the whole process at a load the point holds drains within that
+  time, and must not be read as the point's overload (measured, docs/DESIGN.md 'Serving').
 - Up (more accurate) to the most accurate point that is either predicted to hold (p99 below
   ``low * target`` and busy share at most ``up_busy``) or was seen holding (p99 within ``high * target``)
   at this load or more, with no point overloaded at this load between it and the point in use: a point
@@ -27,8 +31,8 @@ Hysteresis, so a constant load does not flap: ``low`` well below ``high``, ``up_
 the remembered overload (at a constant load a point left for overload is not tried again within
 ``memory_s``), and every move waits ``dwell_s`` after the last and starts a fresh window (requests that
 arrived before it are not counted), so a decision reads only the point it judges. The defaults were set
-on the simulated server of tests/serving/test_controller.py, not on a measured one: docs/DESIGN.md
-'Serving' says what is still to be measured.
+on the simulated server of tests/serving/test_controller.py and checked on a measured one (docs/RESULTS.md
+'Under a load step').
 """
 
 from __future__ import annotations
@@ -47,21 +51,25 @@ class ControlConfig:
     high: float = 0.8
     low: float = 0.35
     settle: float = 0.7
+    full: float = 0.9
     up_busy: float = 0.65
     margin: float = 0.3
     memory_s: float = 60.0
     window_s: float = 1.0
     dwell_s: float = 0.5
+    confirm_s: float = 0.5
     min_samples: int = 20
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.target_s) and self.target_s > 0):
             raise ValueError(f"the p99 target must be a number of seconds > 0, got {self.target_s!r}")
-        if not 0 < self.low < self.high <= 1 or not 0 < self.up_busy < self.settle <= 1 or not 0 <= self.margin < 1:
-            raise ValueError("need 0 < low < high <= 1 and 0 < up_busy < settle <= 1 (the hysteresis), "
+        if (not 0 < self.low < self.high <= 1 or not 0 < self.up_busy < self.settle < self.full <= 1
+                or not 0 <= self.margin < 1):
+            raise ValueError("need 0 < low < high <= 1 and 0 < up_busy < settle < full <= 1 (the hysteresis), "
                              "0 <= margin < 1")
-        if self.window_s <= 0 or self.dwell_s < 0 or self.memory_s < 0 or self.min_samples < 1:
-            raise ValueError("window_s must be > 0, dwell_s and memory_s >= 0 and min_samples >= 1")
+        if (self.window_s <= 0 or self.dwell_s < 0 or self.memory_s < 0 or self.confirm_s < 0
+                or self.min_samples < 1):
+            raise ValueError("window_s must be > 0, dwell_s, confirm_s and memory_s >= 0 and min_samples >= 1")
 
 
 @dataclass(frozen=True)
@@ -89,13 +97,21 @@ def p99(values: Sequence[float]) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
+def late_after(seen: Window, cfg: ControlConfig) -> float:
+    """The p99 past which a point is called late: ``high * target``, or ``low * target`` once the process
+    is at least ``full`` busy. Near full, a pause of the process leaves a backlog that drains only at the
+    spare share (a 100 ms pause at 95% busy takes about 2 s), so the target is one pause away
+    (measured, docs/DESIGN.md 'Serving')."""
+    return (cfg.low if seen.utilisation() >= cfg.full else cfg.high) * cfg.target_s
+
+
 def decide(index: int, seen: Window, costs: Sequence[float], cfg: ControlConfig,
            overloaded: Mapping[int, float] | None = None, held: Mapping[int, float] | None = None) -> int:
     """The point to use next after ``seen`` at point ``index``. ``overloaded``: the capacity (images per
     busy second) a point had when it was last left for overload; ``held``: the highest load (images/s) a
     point was seen holding the target at (points not listed: never, or forgotten)."""
     overloaded, held = overloaded or {}, held or {}
-    if seen.latency > cfg.high * cfg.target_s and index < len(costs) - 1:
+    if seen.latency > late_after(seen, cfg) and index < len(costs) - 1:
         if seen.utilisation() < cfg.settle:
             return index  # the process has slack: the latency is not the model's queue, no point buys it back
         for j in range(index + 1, len(costs)):
@@ -128,6 +144,7 @@ class LatencyController:
         self.last_seen = -math.inf  # the last batch's end
         self.overloaded: dict[int, tuple[float, float]] = {}  # point -> (its capacity when left, when)
         self.held: dict[int, tuple[float, float]] = {}  # point -> (highest load it held the target at, when)
+        self.called: float | None = None  # when a down move was first called for and not yet confirmed
 
     def _expire(self, now: float) -> None:
         start = now - self.config.window_s
@@ -143,7 +160,7 @@ class LatencyController:
             return None
         if seen is not None and index > self.index:
             self.overloaded[self.index] = (seen.capacity, now)
-        self.index, self.last_move, self.since = index, now, now
+        self.index, self.last_move, self.since, self.called = index, now, now, None
         self.latencies.clear()
         self.batches.clear()
         return index
@@ -187,4 +204,27 @@ class LatencyController:
             self.held[self.index] = (max(seen.rate, self.held.get(self.index, (0.0, now))[0]), now)
         overloaded = {j: capacity for j, (capacity, _) in self.overloaded.items()}
         held = {j: rate for j, (rate, _) in self.held.items()}
-        return self._move(now, decide(self.index, seen, self.costs, self.config, overloaded, held), seen)
+        index = decide(self.index, seen, self.costs, self.config, overloaded, held)
+        if index > self.index and self.index in held and not self._confirmed(now, late_after(seen, self.config)):
+            return None  # the point has held the target: a stall, or an overload? (_confirmed)
+        if index <= self.index:
+            self.called = None
+        return self._move(now, index, seen)
+
+    def _confirmed(self, now: float, late: float) -> bool:
+        """Whether a down move called for now is confirmed: it was first called for ``confirm_s`` ago and
+        the requests answered in the last half of that time, all of which arrived after the call, are
+        still late (p99 past ``late``). A stall's backlog drains; an overload's does not."""
+        if self.called is None:
+            self.called = now
+        if now - self.called < self.config.confirm_s:
+            return False
+        recent = [v for t, v in self.latencies if t >= now - self.config.confirm_s / 2 and t - v >= self.called]
+        if not recent:
+            return False  # nothing answered since the call yet: keep waiting
+        if p99(recent) > late:
+            return True
+        # A stall, drained: the requests it held are set aside, or the window would call for the move again
+        self.latencies = deque((t, v) for t, v in self.latencies if t - v >= self.called)
+        self.called = None
+        return False

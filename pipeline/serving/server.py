@@ -126,7 +126,7 @@ class CascadeAPI(ls.LitAPI):
         self.config = config
 
     def setup(self, device: Any) -> None:
-        from pipeline.serving.engines import load_engine
+        from pipeline.serving.engines import freeze_heap, load_engine
         from pipeline.serving.metrics import ServingMetrics
 
         self.engine = load_engine(self.config.model_dir, self.config.engine, threads=self.config.threads)
@@ -138,6 +138,7 @@ class CascadeAPI(ls.LitAPI):
         self.last_end = -math.inf  # when the engine last finished a batch
         if self.config.p99_ms is not None:
             self.control = latency_controller(self.engine.points, self.config.p99_ms)
+        freeze_heap()  # this worker is spawned: its own heap, loaded now
 
     def _follow(self, index: int | None) -> None:
         """Use the point the controller moved to (None: it stayed)."""
@@ -246,6 +247,9 @@ def serve(config: ServeConfig) -> None:
     owned = os.environ.get(ENV) is None
     folder = enable_multiprocess()  # before any process imports prometheus_client: one folder for all of them
     server = build_server(config)
+    from pipeline.serving.engines import freeze_heap
+
+    freeze_heap()  # before LitServe forks its HTTP processes: they inherit the frozen heap
     print(f"cascade serve: http://{config.host}:{config.port}{PREDICT_PATH} ({config.engine} engine, "
           f"batches of up to {config.max_batch_size} requests, wait {config.batch_timeout * 1e3:g} ms; "
           f"{'early exits' if config.exits else 'static path: no early exit'}"

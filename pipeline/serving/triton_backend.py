@@ -25,6 +25,7 @@ import numpy as np
 
 from pipeline.data.sources import DataError, decode_image_bytes
 from pipeline.registry.payload import MAX_REQUEST_PIXELS
+from pipeline.serving.engines import freeze_heap
 from pipeline.serving.limits import ServeLimits, check_count, check_declared, declared_pixels
 from pipeline.serving.onnx_engine import OnnxCascade
 
@@ -91,6 +92,7 @@ class TritonPythonModel:
                                   threads=int(settings.get("threads", "1")))
         self.exits = settings.get("exits", "1") == "1"
         self.limits = request_limits(settings)
+        freeze_heap()
 
     def execute(self, requests: list[Any]) -> list[Any]:
         import triton_python_backend_utils as pb_utils  # exists only inside Triton's stub

@@ -6,7 +6,7 @@ here is timed on this machine: the clock is the simulation's."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pytest
@@ -20,10 +20,13 @@ TARGET_S = 0.05
 
 
 def simulate(rate: Callable[[float], float], seconds: float, seed: int = 0,
-             config: ControlConfig | None = None, front_s: float = 0.0) -> dict[str, list]:
+             config: ControlConfig | None = None, front_s: float = 0.0,
+             stalls: Sequence[tuple[float, float]] = ()) -> dict[str, list]:
     """Per request: arrival, latency and the point that served it; the controller's moves (time, index).
     ``front_s``: time every request spends in front of the engine's queue (an HTTP front at its limit) and
-    that the server's latency counts."""
+    that the server's latency counts. ``stalls``: (when, seconds) the whole process pauses (a garbage
+    collection), inside the first batch that starts after ``when``."""
+    pending = sorted(stalls)
     rng = np.random.default_rng(seed)
     arrivals, t = [], 0.0
     while t < seconds:
@@ -39,6 +42,8 @@ def simulate(rate: Callable[[float], float], seconds: float, seed: int = 0,
             out["moves"].append((clock, moved))
         batch = [a for a in arrivals[i:i + 64] if a <= clock]
         duration = OVERHEAD_S + len(batch) * PER_IMAGE_S * COSTS[control.index] / COSTS[0]
+        while pending and pending[0][0] <= clock:
+            duration += pending.pop(0)[1]
         clock += duration
         out["arrival"] += batch
         out["latency"] += [clock - a + front_s for a in batch]
@@ -93,10 +98,11 @@ def test_an_idle_server_returns_to_the_accuracy_first_point() -> None:
 
 @pytest.mark.parametrize("rate", [150, 250, 300, 350, 400, 450, 500, 550, 600])
 def test_a_constant_load_does_not_flap(rate: float) -> None:
-    """From light load to past the accuracy-first point's capacity, the boundary included: once settled
-    (after 5 s), the point stays."""
+    """From light load to past the accuracy-first point's capacity, the boundary included: after 5 s at
+    most one move (near full, about 350 images/s here, a point can be left late, when a burst shows it one
+    pause from the target), and never back."""
     run = simulate(lambda t: rate, 35, seed=int(rate))
-    assert [m for m in run["moves"] if m[0] >= 5] == []
+    assert len([m for m in run["moves"] if m[0] >= 5]) <= 1
     assert max(per_second(run, 10, 35)) <= TARGET_S
 
 
@@ -107,6 +113,19 @@ def test_latency_outside_the_engine_moves_nothing(rate: float) -> None:
     accuracy-first point."""
     run = simulate(lambda t: rate, 20, seed=int(rate), front_s=0.08)
     assert run["moves"] == [] and set(run["point"]) == {0}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_stall_at_a_load_the_point_holds_moves_nothing(seed: int) -> None:
+    """A 150 ms pause of the whole process (3x the target) every 10 s at a load the accuracy-first point
+    holds (busy about 70%): the requests caught in it are late, the queue drains within the confirmation,
+    and the point stays. Without the confirmation the same pauses move it."""
+    stalls = [(t, 0.15) for t in (10.0, 20.0, 30.0)]
+    run = simulate(lambda t: 250, 35, seed=seed, stalls=stalls)
+    assert run["moves"] == [] and set(run["point"]) == {0}
+    hasty = simulate(lambda t: 250, 35, seed=seed, stalls=stalls,
+                     config=ControlConfig(target_s=TARGET_S, confirm_s=0.0))
+    assert hasty["moves"] != []
 
 
 def test_decide_follows_its_rules() -> None:
@@ -123,6 +142,9 @@ def test_decide_follows_its_rules() -> None:
     assert decide(4, Window(0.1, 0.2, 100.0, 500.0), COSTS, cfg) == 0  # light: all the way up
     assert decide(4, Window(0.25, 0.2, 100.0, 500.0), COSTS, cfg) == 3  # 0.25 * 85/40 > 0.35: one step
     assert decide(2, Window(0.5, 0.3, 100.0, 500.0), COSTS, cfg) == 2  # between low and high: stay
+    assert decide(0, Window(0.5, 0.6, 500.0, 500.0, other=0.32), COSTS, cfg) == 3  # full (0.92): late past low
+    assert decide(0, Window(0.3, 0.6, 500.0, 500.0, other=0.32), COSTS, cfg) == 0  # full, but under low
+    assert decide(0, Window(0.5, 0.6, 500.0, 500.0, other=0.25), COSTS, cfg) == 0  # 0.85: late only past high
     overloaded = {1: 150.0}  # point 1 answered 150 images per busy second when it was left for overload
     assert decide(4, Window(0.1, 0.2, 110.0, 500.0), COSTS, cfg, overloaded) == 2  # 110 >= 0.7 * 150: not yet
     assert decide(4, Window(0.1, 0.2, 100.0, 500.0), COSTS, cfg, overloaded) == 0  # the load fell below
@@ -137,6 +159,10 @@ def test_bad_settings_are_refused() -> None:
         ControlConfig(target_s=1.0, low=0.9, high=0.8)
     with pytest.raises(ValueError, match="hysteresis"):
         ControlConfig(target_s=1.0, up_busy=0.8, settle=0.7)
+    with pytest.raises(ValueError, match="hysteresis"):
+        ControlConfig(target_s=1.0, settle=0.9, full=0.9)
+    with pytest.raises(ValueError, match="confirm_s"):
+        ControlConfig(target_s=1.0, confirm_s=-1.0)
     with pytest.raises(ValueError, match="seconds > 0"):
         ControlConfig(target_s=math.nan)
     with pytest.raises(ValueError, match="most costly first"):

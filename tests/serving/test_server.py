@@ -110,3 +110,18 @@ def test_export_and_serve_refuse_a_bad_model_with_exit_2(tiny_model: Path, tmp_p
     assert "ONNX export" in capsys.readouterr().err
     assert main(["export", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
     assert not (tmp_path / "x").exists()
+
+
+def test_a_serving_process_freezes_what_it_loaded_out_of_the_collectors_view() -> None:
+    """freeze_heap (called by every serving process once loaded, docs/DESIGN.md 'Serving'): the objects
+    alive now leave the collector's view, so a full collection no longer walks them."""
+    import gc
+
+    from pipeline.serving.engines import freeze_heap
+
+    try:
+        frozen = freeze_heap()
+        assert frozen == gc.get_freeze_count() > 10_000  # pytest, torch and the project are loaded here
+        assert len(gc.get_objects()) < frozen  # what the collector still tracks: only what came after
+    finally:
+        gc.unfreeze()

@@ -50,6 +50,12 @@ def test_steps_parse_and_bad_steps_are_named() -> None:
             parse_steps(bad)
 
 
+def test_a_steps_clients_are_split_into_hey_processes_of_a_set_size() -> None:
+    assert serving_load.hey_groups(128, 16) == [16] * 8
+    assert serving_load.hey_groups(20, 16) == [16, 4]
+    assert serving_load.hey_groups(3, 1) == [1, 1, 1] and serving_load.hey_groups(3, 8) == [3]
+
+
 def test_hey_rows_are_placed_on_the_run_clock_and_bucketed_by_start_second() -> None:
     rows = hey_rows(HEY_CSV, phase_start=3.5)
     assert [r.start for r in rows] == pytest.approx([3.6, 4.4, 4.7])
@@ -175,6 +181,7 @@ def test_bad_input_is_refused_by_name_before_a_server_starts(tiny_model: Path, p
              (["--model", str(points_model), "--data", str(data), "--steps", "8:x"], "--steps: load step '8:x'"),
              (["--model", str(points_model), "--data", str(data), "--images-per-request", "0"], "--images-per-request"),
              (["--model", str(points_model), "--data", str(data), "--p99-ms", "-5"], "--p99-ms"),
+             (["--model", str(points_model), "--data", str(data), "--clients-per-hey", "0"], "--clients-per-hey"),
              (["--model", str(tiny_model), "--data", str(data)], "fewer than 2 operating points")]
     for argv, says in cases:
         with pytest.raises(SystemExit) as exc:
@@ -193,6 +200,7 @@ def test_a_short_load_step_is_measured_with_and_without_a_target(points_model: P
     began = time.monotonic()
     assert serving_load.main(["--model", str(points_model), "--data", str(data), "--steps", "2:2,4:2,2:2",
                               "--images-per-request", "4", "--p99-ms", "20", "--probes", "1", "--warmup", "0.5",
+                              "--clients-per-hey", "2",
                               "--out", str(out), "--plot", str(png)]) == 0
     report = json.loads(out.read_text())
     assert set(report["modes"]) == {"none", "p99"} and png.stat().st_size > 0
