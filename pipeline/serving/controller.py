@@ -25,6 +25,10 @@ predicted as ``busy * macs_j / macs_i + other``, and its latency as ``latency * 
   at this load or more, with no point overloaded at this load between it and the point in use: a point
   left for overload is re-entered only once the load is below ``1 - margin`` of its remembered
   capacity. Both memories are forgotten after ``memory_s``.
+- Probe up: at a cheaper point, a process at least ``full`` busy with p99 under ``low * target`` is
+  saturated but not queueing, a closed loop of clients whose rate follows the point's capacity (so the
+  rate-based rule above never fires); after ``probe_s`` at the point it tries the next more accurate one,
+  and a probe left for overload within ``probe_s`` doubles that wait (up to ``memory_s``).
 - An idle server (no batch for ``window_s``) returns to the accuracy-first point.
 
 Hysteresis, so a constant load does not flap: ``low`` well below ``high``, ``up_busy`` below ``settle``,
@@ -58,6 +62,7 @@ class ControlConfig:
     window_s: float = 1.0
     dwell_s: float = 0.5
     confirm_s: float = 0.5
+    probe_s: float = 5.0
     min_samples: int = 20
 
     def __post_init__(self) -> None:
@@ -68,8 +73,9 @@ class ControlConfig:
             raise ValueError("need 0 < low < high <= 1 and 0 < up_busy < settle < full <= 1 (the hysteresis), "
                              "0 <= margin < 1")
         if (self.window_s <= 0 or self.dwell_s < 0 or self.memory_s < 0 or self.confirm_s < 0
-                or self.min_samples < 1):
-            raise ValueError("window_s must be > 0, dwell_s, confirm_s and memory_s >= 0 and min_samples >= 1")
+                or self.probe_s <= 0 or self.min_samples < 1):
+            raise ValueError("window_s and probe_s must be > 0, dwell_s, confirm_s and memory_s >= 0 and "
+                             "min_samples >= 1")
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,8 @@ class LatencyController:
         self.overloaded: dict[int, tuple[float, float]] = {}  # point -> (its capacity when left, when)
         self.held: dict[int, tuple[float, float]] = {}  # point -> (highest load it held the target at, when)
         self.called: float | None = None  # when a down move was first called for and not yet confirmed
+        self.probe_wait = config.probe_s  # how long a saturated, unqueued point waits before a probe up
+        self.probed: float | None = None  # when the last probe up was made, until it is judged
 
     def _expire(self, now: float) -> None:
         start = now - self.config.window_s
@@ -160,6 +168,9 @@ class LatencyController:
             return None
         if seen is not None and index > self.index:
             self.overloaded[self.index] = (seen.capacity, now)
+        if index > self.index and self.probed is not None:  # the probe failed: wait twice as long next time
+            longest = max(self.config.memory_s, self.config.probe_s)
+            self.probe_wait, self.probed = min(2 * self.probe_wait, longest), None
         self.index, self.last_move, self.since, self.called = index, now, now, None
         self.latencies.clear()
         self.batches.clear()
@@ -205,11 +216,24 @@ class LatencyController:
         overloaded = {j: capacity for j, (capacity, _) in self.overloaded.items()}
         held = {j: rate for j, (rate, _) in self.held.items()}
         index = decide(self.index, seen, self.costs, self.config, overloaded, held)
+        if self.probed is not None and now - self.probed >= self.config.probe_s:
+            self.probe_wait, self.probed = self.config.probe_s, None  # the probe held
+        if index == self.index and self._probe(now, seen):
+            self.probed = now
+            return self._move(now, index - 1)
         if index > self.index and self.index in held and not self._confirmed(now, late_after(seen, self.config)):
             return None  # the point has held the target: a stall, or an overload? (_confirmed)
         if index <= self.index:
             self.called = None
         return self._move(now, index, seen)
+
+    def _probe(self, now: float, seen: Window) -> bool:
+        """Whether to try the next more accurate point: the process is ``full`` busy but nothing queues
+        (p99 under ``low * target``), the signature of a closed loop of clients, whose rate follows the
+        point's capacity so that the rate-based up rule never fires; tried after ``probe_wait`` at the point,
+        which doubles each time a probe is left for overload within ``probe_s`` and resets once one holds."""
+        return (self.index > 0 and now - self.last_move >= self.probe_wait
+                and seen.utilisation() >= self.config.full and seen.latency < self.config.low * self.config.target_s)
 
     def _confirmed(self, now: float, late: float) -> bool:
         """Whether a down move called for now is confirmed: it was first called for ``confirm_s`` ago and

@@ -99,10 +99,13 @@ def test_an_idle_server_returns_to_the_accuracy_first_point() -> None:
 @pytest.mark.parametrize("rate", [150, 250, 300, 350, 400, 450, 500, 550, 600])
 def test_a_constant_load_does_not_flap(rate: float) -> None:
     """From light load to past the accuracy-first point's capacity, the boundary included: after 5 s at
-    most one move (near full, about 350 images/s here, a point can be left late, when a burst shows it one
-    pause from the target), and never back."""
+    most one settling move (near full, about 350 images/s here, a point can be left late, when a burst
+    shows it one pause from the target) or probes up that fail and come back, each wait twice the last
+    (5 s, 10 s: two in 30 s), and p99 under the target every second."""
     run = simulate(lambda t: rate, 35, seed=int(rate))
-    assert len([m for m in run["moves"] if m[0] >= 5]) <= 1
+    late = [m for m in run["moves"] if m[0] >= 5]
+    assert len(late) <= 1 or (len(late) <= 4 and all(up[1] == down[1] - 1 and down[0] - up[0] < 5
+                                                      for up, down in zip(late[::2], late[1::2], strict=True)))
     assert max(per_second(run, 10, 35)) <= TARGET_S
 
 
@@ -126,6 +129,45 @@ def test_a_stall_at_a_load_the_point_holds_moves_nothing(seed: int) -> None:
     hasty = simulate(lambda t: 250, 35, seed=seed, stalls=stalls,
                      config=ControlConfig(target_s=TARGET_S, confirm_s=0.0))
     assert hasty["moves"] != []
+
+
+def simulate_closed(clients: Callable[[float], int], seconds: float, front_s: float = 0.002
+                    ) -> dict[str, list]:
+    """A closed loop: ``clients(t)`` clients, each sending its next request as soon as its last is answered.
+    Every request also costs ``front_s`` of the process outside the engine (decoding: the front bounds the
+    load), reported to the controller as such. The point in use per batch and the moves."""
+    control = LatencyController(COSTS, ControlConfig(target_s=TARGET_S))
+    waiting, clock = [0.0] * clients(0.0), 0.0
+    out: dict[str, list] = {"time": [], "point": [], "moves": []}
+    while clock < seconds:
+        moved = control.before(clock)
+        if moved is not None:
+            out["moves"].append((clock, moved))
+        batch, waiting = waiting[:64], waiting[64:]
+        engine = OVERHEAD_S + len(batch) * PER_IMAGE_S * COSTS[control.index] / COSTS[0]
+        outside = len(batch) * front_s
+        clock += outside + engine
+        out["time"].append(clock)
+        out["point"].append(control.index)
+        moved = control.observe(clock, engine, batch, other_s=outside)
+        if moved is not None:
+            out["moves"].append((clock, moved))
+        waiting += [clock] * min(len(batch), max(0, clients(clock) - len(waiting)))  # the ones that left do not
+    return out
+
+
+def test_after_a_closed_loop_shrinks_probes_bring_it_back_to_the_accuracy_first_point() -> None:
+    """128 clients in a closed loop (p99 far over the target at every point: it goes to the cheapest), then
+    4: the process stays saturated, so the rate does not fall and the rate-based up rule cannot fire; the
+    probes (saturated but unqueued) climb back one point at a time, and none fails."""
+    run = simulate_closed(lambda t: 128 if t < 5 else 4, 40)
+    time, point = np.asarray(run["time"]), np.asarray(run["point"])
+    assert point[(time > 3) & (time < 5)].min() == len(COSTS) - 1  # at the cheapest under the 128 clients
+    back = [t for t, index in run["moves"] if index == 0 and t >= 5]
+    assert back and back[0] - 5 <= 25  # 4 probes 5 s apart
+    assert (point[time > back[0]] == 0).all()
+    ups = [index for t, index in run["moves"] if t >= 5]
+    assert ups == sorted(ups, reverse=True)  # only up: no probe was left for overload
 
 
 def test_decide_follows_its_rules() -> None:
