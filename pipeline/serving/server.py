@@ -34,6 +34,7 @@ import numpy as np
 
 from pipeline.routing.operating_points import OperatingPoint, choose_point
 from pipeline.serving.controller import ControlConfig, LatencyController
+from pipeline.serving.engines import freeze_heap
 from pipeline.serving.limits import PREDICT_PATH, ServeLimits
 from pipeline.serving.requests import BadRequest, arrival, decode_payload, request_budget
 
@@ -126,7 +127,7 @@ class CascadeAPI(ls.LitAPI):
         self.config = config
 
     def setup(self, device: Any) -> None:
-        from pipeline.serving.engines import freeze_heap, load_engine
+        from pipeline.serving.engines import load_engine
         from pipeline.serving.metrics import ServingMetrics
 
         self.engine = load_engine(self.config.model_dir, self.config.engine, threads=self.config.threads)
@@ -247,8 +248,6 @@ def serve(config: ServeConfig) -> None:
     owned = os.environ.get(ENV) is None
     folder = enable_multiprocess()  # before any process imports prometheus_client: one folder for all of them
     server = build_server(config)
-    from pipeline.serving.engines import freeze_heap
-
     freeze_heap()  # before LitServe forks its HTTP processes: they inherit the frozen heap
     print(f"cascade serve: http://{config.host}:{config.port}{PREDICT_PATH} ({config.engine} engine, "
           f"batches of up to {config.max_batch_size} requests, wait {config.batch_timeout * 1e3:g} ms; "
