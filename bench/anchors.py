@@ -81,7 +81,11 @@ def train_net_and_read(run: Path, build: Callable[[int, int], torch.nn.Module], 
     logits, _ = plain_outputs(net, test.images, mean, std)
     right = logits.argmax(dim=-1).numpy() == test.labels
     acc = float(right.mean())
+    held = [load_split(prepared, name) for name in ("route", "calib")]  # what a run may choose on
+    held_right = np.concatenate([plain_outputs(net, h.images, mean, std)[0].argmax(dim=-1).numpy() == h.labels
+                                 for h in held])
     return {"accuracy": acc, "se": math.sqrt(acc * (1 - acc) / len(right)), "test_images": len(right),
+            "held_out_accuracy": float(held_right.mean()), "held_out_images": len(held_right),
             "mean_macs": count_macs(net, shape), "flop_counter_macs": flop_counter_macs(net, shape),
             "params": sum(p.numel() for p in net.parameters()), "epochs": cfg.epochs,
             "steps": cfg.epochs * (len(train) // cfg.batch_size), "train_seconds": round(seconds, 1)}

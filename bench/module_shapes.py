@@ -5,8 +5,10 @@ its test split beside the field's nets: accuracy per MAC at the first exit, befo
     python -m bench.module_shapes --run . c16s1:conv3 c24s2:conv3 c32s2:dw3,dw3,dw3
 
 A candidate is ``c<channels>s<stride>:<op>,<op>,...``: a 3x3 conv-BN-ReLU transition to ``channels`` at
-``stride`` (the modules' own), then the ops of ``pipeline.models.ops`` in series, then the modules' exit
-head (``--head``, default the shipped pool_mlp 4x4 grid, 128 hidden). ``c16s1:conv3`` is today's module 1.
+``stride`` (the modules' own), then the ops of ``pipeline.models.ops`` in series (``maxpool``: a 2x2 max
+pool there), then the modules' exit head (``--head``, default the shipped pool_mlp 4x4 grid, 128 hidden).
+``c16s1:conv3`` is the default's module 1. Each row has the test accuracy and the held-out (``route`` +
+``calib``) accuracy: choose on the held-out one.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ class Candidate(nn.Module):
         channels, stride = int(match[1]), int(match[2])
         self.space = SearchSpace()
         self.transition = ConvBNReLU(in_channels, channels, 3, stride)
-        self.body = nn.Sequential(*(make_op(op, channels) for op in body.split(",") if op))
+        self.body = nn.Sequential(*(nn.MaxPool2d(2) if op == "maxpool" else make_op(op, channels)
+                                    for op in body.split(",") if op))
         self.head = ExitHead(channels, num_classes, *head)
 
     def default_arch(self) -> Arch:
@@ -67,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         row = train_net_and_read(args.run, lambda c, k, s=shape: Candidate(s, c, k, head), args.seed + 1)
         rows.append({"shape": shape, "head": list(head), "seed": args.seed, **row})
         args.out.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
-        print(f"module_shapes: {shape:<24} {100 * row['accuracy']:6.2f}% (SE {100 * row['se']:.2f}) at "
+        print(f"module_shapes: {shape:<24} held out {100 * row['held_out_accuracy']:6.2f}%, test "
+              f"{100 * row['accuracy']:6.2f}% (SE {100 * row['se']:.2f}) at "
               f"{row['mean_macs'] / 1e6:5.2f} M MACs, {row['train_seconds']:.0f} s", flush=True)
     return 0
 

@@ -22,7 +22,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     prepared = root / "data" / "prepared"
     prepared.mkdir(parents=True)
     rng = np.random.default_rng(0)
-    for name, n in (("train", 256), ("test", 64)):
+    for name, n in (("train", 256), ("test", 64), ("route", 32), ("calib", 32)):
         labels = np.arange(n) % 2
         images = (rng.integers(0, 80, (n, 1, 12, 12)) + 120 * labels[:, None, None, None]).astype(np.uint8)
         save_split(prepared / f"{name}.npz", Split(name, images, labels, np.array([f"{name}{i}" for i in range(n)])))
@@ -43,6 +43,7 @@ def test_an_anchor_is_trained_at_plain_larges_step_budget_and_read_on_test(run: 
     (row,) = json.loads(out.read_text())["anchors"]
     assert row["name"] == "resnet18@8" and row["epochs"] == 2 and row["steps"] == 2 * (256 // 32)
     assert row["mean_macs"] == row["flop_counter_macs"] > 0 and row["test_images"] == 64
+    assert row["held_out_images"] == 64 and 0.5 < row["held_out_accuracy"] <= 1.0  # route + calib: what to choose on
     assert 0.5 < row["accuracy"] <= 1.0  # brightness is easy: far above chance after 16 steps
     assert row["se"] == pytest.approx(np.sqrt(row["accuracy"] * (1 - row["accuracy"]) / 64))
     before = out.read_text()
@@ -62,5 +63,8 @@ def test_a_candidate_first_module_is_read_like_an_anchor(run: Path, tmp_path: Pa
     assert module_shapes.main(["c8s2:dw3,dw3", "--run", str(run), "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["shape"] == "c8s2:dw3,dw3" and row["mean_macs"] == row["flop_counter_macs"] > 0
+    assert module_shapes.main(["c8s1:maxpool,conv3,maxpool,conv3", "--run", str(run), "--out", str(out)]) == 0
+    pooled = json.loads(out.read_text())["rows"][-1]
+    assert pooled["shape"] == "c8s1:maxpool,conv3,maxpool,conv3" and pooled["mean_macs"] == pooled["flop_counter_macs"]
     with pytest.raises(SystemExit, match="is not c<channels>s<stride>"):
         module_shapes.main(["8s2", "--run", str(run), "--out", str(out)])

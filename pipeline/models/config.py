@@ -56,11 +56,11 @@ class ModelConfig:
         """The modules for images of ``image_size`` px: above ``STRIDE_ABOVE``, module 1 enters at stride 2
         (its transition halves the side, so 48 px costs what 24 px does) and, a fixed module, runs
         ``STRIDE_EXTRA_LAYERS`` more layers (a supernet keeps the search space params give it), unless its
-        spec already strides; at or below it, the specs as params give them.
+        spec already strides or pools; at or below it, the specs as params give them.
         Profile and train build from this one rule."""
         first = self.specs[0]
-        if image_size <= STRIDE_ABOVE or first.stride != 1:
-            return self
+        if image_size <= STRIDE_ABOVE or first.stride != 1 or first.pools:
+            return self  # a module 1 that pools brings any input down itself
         extra = STRIDE_EXTRA_LAYERS if first.kind == "fixed" else 0
         deeper = dataclasses.replace(first, stride=2, layers=first.layers + extra)
         return dataclasses.replace(self, specs=(deeper, *self.specs[1:]))

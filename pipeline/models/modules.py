@@ -40,6 +40,9 @@ class ModuleSpec:
     head: str = "pool_mlp"  # pool_mlp: pool to head_grid x head_grid + hidden layer | gap: global pool + linear
     head_grid: int = 4
     head_hidden: int = 128  # 0: no hidden layer (pooled grid straight into the classifier)
+    # fixed modules: a 2x2 max pool before each of the first ``pools`` layers, so the exit reads features at
+    # 1 / 2**pools of the transition's side (docs/DESIGN.md 'Modules on the frontier')
+    pools: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, (list, str)):
@@ -61,9 +64,10 @@ class ModuleSpec:
         return cls(**{k: tuple(v) if k == "ops" and isinstance(v, list) else v for k, v in d.items()})
 
     def output_shape(self, input_shape: Sequence[int]) -> tuple[int, int, int]:
-        """(C, H, W) after the module: only the stride-s 3x3 transition changes the shape."""
+        """(C, H, W) after the module: the stride-s 3x3 transition, then each max pool halves (floor)."""
         _, h, w = input_shape
-        return (self.channels, (h - 1) // self.stride + 1, (w - 1) // self.stride + 1)
+        h, w = (h - 1) // self.stride + 1, (w - 1) // self.stride + 1
+        return (self.channels, h >> self.pools, w >> self.pools)
 
 
 def _is_int(value: object) -> bool:
@@ -85,6 +89,13 @@ def _check_module_spec(spec: ModuleSpec) -> None:
         raise ValueError(f"ModuleSpec.head_grid must be an int >= 1, got {spec.head_grid!r}")
     if not _is_int(spec.head_hidden) or spec.head_hidden < 0:
         raise ValueError(f"ModuleSpec.head_hidden must be an int >= 0, got {spec.head_hidden!r}")
+    if not _is_int(spec.pools) or spec.pools < 0:
+        raise ValueError(f"ModuleSpec.pools must be an int >= 0, got {spec.pools!r}")
+    if spec.pools and (spec.kind != "fixed" or spec.pools > spec.layers):
+        # a supernet prices its layers' ops at one feature-map size (pipeline.models.cost), so only fixed
+        # modules pool, and each pool precedes a layer
+        raise ValueError(f"ModuleSpec.pools ({spec.pools}) needs a fixed module with at least that many layers, "
+                         f"got kind {spec.kind!r} with {spec.layers} layer(s)")
     if spec.kind == "plain":  # channels is the width; the layers and head are PlainCNN's own
         if spec.ops or spec.default_op or spec.stride != 1:
             raise ValueError(f"ModuleSpec of kind 'plain' takes only its width (channels), "
@@ -186,21 +197,29 @@ class FixedModule(nn.Module):
         self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
         op = spec.default_op or "conv3"
         self.layers = nn.ModuleList(make_op(op, spec.channels) for _ in range(spec.layers))
+        self.pool = nn.MaxPool2d(2)  # no weights: the state dict is the same with or without pools
         self.head = ExitHead.of(spec, num_classes)
 
     def default_arch(self) -> Arch:
         return NO_ARCH
 
+    def body(self) -> list[nn.Module]:
+        """The layers in order, a max pool before each of the first ``spec.pools``."""
+        out: list[nn.Module] = []
+        for i, layer in enumerate(self.layers):
+            out += [self.pool, layer] if i < self.spec.pools else [layer]
+        return out
+
     def forward(self, x: torch.Tensor, arch: Arch = NO_ARCH) -> tuple[torch.Tensor, torch.Tensor]:
         self.space.validate(arch)
         h = self.transition(x)  # (B, C, H', W')
-        for layer in self.layers:
-            h = layer(h)  # (B, C, H', W')
-        return h, self.head(h)  # (B, C, H', W'), (B, num_classes)
+        for layer in self.body():
+            h = layer(h)  # (B, C, H'', W''): a pool halves H and W
+        return h, self.head(h)  # (B, C, H'', W''), (B, num_classes)
 
     def export(self, arch: Arch = NO_ARCH) -> Subnet:
         self.space.validate(arch)
-        return _export(self.transition, list(self.layers), self.head, arch)
+        return _export(self.transition, self.body(), self.head, arch)
 
 
 class SupernetModule(nn.Module):

@@ -44,6 +44,7 @@ MODULE_SPEC = {
     "head": Str(choices=HEADS, default="pool_mlp"),
     "head_grid": Int(ge=1, default=4),
     "head_hidden": Int(ge=0, default=128),
+    "pools": Int(ge=0, default=0, doc="fixed only: a 2x2 max pool before each of the first `pools` layers"),
 }
 
 
@@ -57,6 +58,10 @@ def _spec_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
             yield "layers", f"must be >= 1 for a supernet module, got {v['layers']!r}"
         if "ops" in v and "default_op" in v and v["default_op"] not in v["ops"]:
             yield "default_op", f"must be one of ops {v['ops']!r}, got {v['default_op']!r}"
+        if v.get("pools"):
+            yield "pools", f"is for fixed modules only (a supernet prices its layers at one size), got {v['pools']!r}"
+    elif isinstance(v.get("pools"), int) and isinstance(v.get("layers", 1), int) and v["pools"] > v.get("layers", 1):
+        yield "pools", f"must be <= layers ({v.get('layers', 1)}): each pool precedes a layer, got {v['pools']!r}"
 
 
 MODULE_KEYS = ("after", "spec", "train")

@@ -121,6 +121,12 @@ def test_module_1_strides_on_large_images_only():
     assert model.cascade_spec(3, 5, 64).modules[0].stride == 2
 
 
+def test_a_module_1_that_pools_is_left_as_params_give_it_on_large_images():
+    params = deep_merge(load_params("params.yaml"), {"modules": {"m1": {"spec": {"layers": 3, "pools": 2}}}})
+    model = ModelConfig.from_params(params)
+    assert model.for_input(64) is model and model.cascade_spec(3, 5, 64).modules[0].stride == 1
+
+
 def test_a_folder_of_webp_bmp_and_tiff_is_sampled_like_png(tmp_path):
     root = folder(tmp_path / "f", (48, 40), True)
     for i, path in enumerate(sorted(root.rglob("*.png"))):

@@ -106,6 +106,35 @@ def test_output_shape_matches_forward(stride: int, hw: int) -> None:
     assert tuple(features.shape[1:]) == spec.output_shape((3, hw, hw))
 
 
+@pytest.mark.parametrize(("stride", "pools", "hw"), [(1, 1, 28), (1, 2, 28), (1, 2, 48), (2, 1, 11), (1, 3, 64)])
+def test_a_pooling_module_reads_its_exit_at_a_fraction_of_the_side(stride: int, pools: int, hw: int) -> None:
+    spec = ModuleSpec("fixed", 6, stride, 3, pools=pools)
+    module = FixedModule(spec, 3, 4)
+    features, logits = module(images(hw=hw))
+    assert tuple(features.shape[1:]) == spec.output_shape((3, hw, hw)) and logits.shape == (2, 4)
+    assert features.shape[-1] == ((hw - 1) // stride + 1) // 2**pools
+    unpooled = FixedModule(ModuleSpec("fixed", 6, stride, 3), 3, 4)
+    assert module.state_dict().keys() == unpooled.state_dict().keys()  # pools have no weights: old files load
+    assert count_macs(module, (3, hw, hw)) < count_macs(unpooled, (3, hw, hw))  # later layers at a smaller side
+
+
+def test_a_pooling_modules_export_runs_the_same_path() -> None:
+    module = FixedModule(ModuleSpec("fixed", 6, 1, 3, pools=2), 3, 4).eval()
+    exported = module.export().eval()
+    x = images(hw=16)
+    assert torch.equal(module(x)[0], exported(x)[0]) and torch.equal(module(x)[1], exported(x)[1])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"kind": "fixed", "layers": 1, "pools": 2}, "at least that many layers"),
+    ({"kind": "fixed", "layers": 2, "pools": -1}, "pools must be an int >= 0"),
+    ({"kind": "supernet", "layers": 2, "pools": 1, "ops": ("conv3", "dw3"), "default_op": "conv3"}, "fixed module"),
+])
+def test_bad_pools_are_refused_by_name(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModuleSpec(channels=8, **kwargs)
+
+
 # ---- modules -------------------------------------------------------------------------------
 
 

@@ -159,6 +159,8 @@ def test_train_rule_on_the_merged_config_names_the_module():
     ({"stride": 3}, "modules.m1.spec.stride must be one of 1, 2, got 3"),
     ({"head": "mlp"}, "modules.m1.spec.head must be one of"),
     ({"head_gird": 4}, "modules.m1.spec.head_gird is not a known key (did you mean modules.m1.spec.head_gr"),
+    ({"pools": 2}, "modules.m1.spec.pools must be <= layers (1): each pool precedes a layer, got 2"),
+    ({"pools": "2"}, "modules.m1.spec.pools must be an int >= 0, got '2'"),
 ])
 def test_fixed_module_spec(spec, expected):
     assert the_problem({"modules": {"m1": {"spec": spec}}}).startswith(expected)
