@@ -1,9 +1,11 @@
 """What holds the later exits back on hard data: the modules behind module 1, or module 1 itself once it is
 frozen? Tails trained behind a finished run's frozen module 1, the same trunk and tails trained end to end,
-and module 1 trained with a look-ahead tail (its exit's loss plus a tail's) before it is frozen.
+module 1 trained with a look-ahead tail (its exit's loss plus a tail's) before it is frozen, and the run's
+module 1 trained on from where it stopped with that look-ahead tail (exit 1 starts trained there).
 
     python -m bench.frozen_trunk --run KEPT_RUN                    # the quick profile's trunk and two tails
     python -m bench.frozen_trunk --run KEPT_RUN --tails t16s2,c,t32s2,c,c --lookahead 0.5
+    python -m bench.frozen_trunk --run KEPT_RUN --finetune-only    # only the last kind of row
 
 A net is written ``t<N>s<S>`` (a 3x3 conv-BN-ReLU to N channels at stride S, a module's transition), ``p``
 (a 2x2 max pool), ``c`` (a conv3 block at the width so far), comma-separated, then the modules' exit head
@@ -20,6 +22,7 @@ stops the later exits".
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import time
@@ -149,8 +152,10 @@ def read_row(name: str, chain: Sequence[nn.Module], data: Data, norm: tuple[torc
             "test_images": len(data.y["test"]), "seconds": round(seconds, 1)}
 
 
-def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: int) -> list[dict[str, Any]]:
-    """Every row of the study on one run (see the module's docstring)."""
+def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: int,
+          finetune_only: bool = False) -> list[dict[str, Any]]:
+    """Every row of the study on one run (see the module's docstring); ``finetune_only``: only the run's
+    module 1 fine-tuned with the look-ahead tail and the fresh tails behind it."""
     data = Data(run)
     module1, info = load_module(run / "models" / "modules" / "m1" / "train")
     norm = (torch.tensor(info.mean).view(1, -1, 1, 1), torch.tensor(info.std).view(1, -1, 1, 1))
@@ -162,6 +167,8 @@ def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: i
         torch.manual_seed(seed + offset)
         return Net(text, channels, data.classes)
 
+    if finetune_only:
+        return finetuned_rows(module1, tails, lookahead, data, norm, cfg, build, seed)
     rows = []
     for i, tail_text in enumerate(tails):
         started = time.perf_counter()
@@ -185,6 +192,27 @@ def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: i
         fit([tail], [1.0], [retrained], data, norm, cfg, seed + 4)
         rows.append(read_row(f"behind that module 1, a fresh tail: {tail_text}", [retrained, tail], data, norm,
                              time.perf_counter() - started))
+    return rows + finetuned_rows(module1, tails, lookahead, data, norm, cfg, build, seed)
+
+
+def finetuned_rows(module1: nn.Module, tails: Sequence[str], lookahead: float, data: Data,
+                   norm: tuple[torch.Tensor, torch.Tensor], cfg: TrainConfig, build: Any, seed: int
+                   ) -> list[dict[str, Any]]:
+    """The run's module 1 (a copy) trained on from where it stopped with the last tail as look-ahead (exit 1
+    starts trained, so it cannot stall as a fresh one can), then frozen, and each tail fresh behind it."""
+    started = time.perf_counter()
+    tuned = copy.deepcopy(module1).requires_grad_(True)
+    features = tuned(torch.zeros(1, *data.shape), NO_ARCH)[0].shape[1]
+    aux = build(tails[-1], features, 61)
+    fit([tuned, aux], [lookahead, 1.0], [], data, norm, cfg, seed + 5)
+    rows = [read_row(f"the run's module 1 trained on with a look-ahead tail (exit loss x {lookahead:g}): "
+                     f"{tails[-1]}", [tuned, aux], data, norm, time.perf_counter() - started)]
+    for i, tail_text in enumerate(tails):
+        started = time.perf_counter()
+        tail = build(tail_text, features, 70 + i)
+        fit([tail], [1.0], [tuned], data, norm, cfg, seed + 6)
+        rows.append(read_row(f"behind that module 1, a fresh tail: {tail_text}", [tuned, tail], data, norm,
+                             time.perf_counter() - started))
     return rows
 
 
@@ -196,12 +224,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="modules 2 and 3 as one net (default: the quick profile's, then a wide one); the last "
                         "is the look-ahead")
     p.add_argument("--lookahead", type=float, default=1.0, help="weight of module 1's exit loss beside the tail's")
+    p.add_argument("--finetune-only", action="store_true",
+                   help="only the run's module 1 trained on with the look-ahead tail, and tails behind it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
     p.add_argument("--out", type=Path, default=Path("bench/out/frozen_trunk.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = study(args.run, args.trunk, args.tails, args.lookahead, args.seed)
+    rows = study(args.run, args.trunk, args.tails, args.lookahead, args.seed, args.finetune_only)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"run": str(args.run), "seed": args.seed, "rows": rows}, indent=1) + "\n")
     for row in rows:

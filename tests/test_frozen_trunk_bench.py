@@ -48,17 +48,21 @@ def test_every_row_is_read_and_the_frozen_module_1_is_left_as_it_was(run: Path, 
     rows = json.loads(out.read_text())["rows"]
     names = [r["row"].split(":")[0] for r in rows]
     assert names == ["behind the run's module 1", "end to end, one exit"] * 2 + [
-        "module 1 with a look-ahead tail (exit loss x 1)"] + ["behind that module 1, a fresh tail"] * 2
+        "module 1 with a look-ahead tail (exit loss x 1)"] + ["behind that module 1, a fresh tail"] * 2 + [
+        "the run's module 1 trained on with a look-ahead tail (exit loss x 1)"] + [
+        "behind that module 1, a fresh tail"] * 2
     for row in rows:
         assert len(row["held_out"]) == len(row["test"]) == len(row["macs"]) == 2
         assert all(0.0 <= a <= 1.0 for a in row["held_out"] + row["test"]) and min(row["macs"]) > 0
         assert row["held_out_images"] == 32 and row["test_images"] == 32
     behind = [r for r in rows if r["row"].startswith("behind the run's")]
     assert behind[0]["held_out"][0] == behind[1]["held_out"][0]  # module 1 frozen: exit 1 unchanged by a tail
-    fresh = [r for r in rows if r["row"].startswith("behind that")]
-    look = rows[4]
-    assert fresh[0]["held_out"][0] == fresh[1]["held_out"][0] == look["held_out"][0]
-    assert look["test"][1] > 0.6  # brightness is easy: the look-ahead tail learns it in 8 steps
+    for look, fresh in ((rows[4], rows[5:7]), (rows[7], rows[8:10])):  # each retrained module 1, then frozen
+        assert fresh[0]["held_out"][0] == fresh[1]["held_out"][0] == look["held_out"][0]
+        assert look["test"][1] > 0.6  # brightness is easy: the look-ahead tail learns it in 8 steps
+    only = tmp_path / "only.json"
+    assert frozen_trunk.main([*args[:-2], "--out", str(only), "--finetune-only"]) == 0
+    assert [r["row"] for r in json.loads(only.read_text())["rows"]] == [r["row"] for r in rows[7:]]
 
 
 def test_a_bad_net_is_refused_by_token(run: Path) -> None:
