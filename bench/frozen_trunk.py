@@ -6,6 +6,7 @@ module 1 trained on from where it stopped with that look-ahead tail (exit 1 star
     python -m bench.frozen_trunk --run KEPT_RUN                    # the quick profile's trunk and two tails
     python -m bench.frozen_trunk --run KEPT_RUN --tails t16s2,c,t32s2,c,c --lookahead 0.5
     python -m bench.frozen_trunk --run KEPT_RUN --finetune-only    # only the last kind of row
+    python -m bench.frozen_trunk --run KEPT_RUN --finetune-only --control  # its control: exit 1 loss only
 
 A net is written ``t<N>s<S>`` (a 3x3 conv-BN-ReLU to N channels at stride S, a module's transition), ``p``
 (a 2x2 max pool), ``c`` (a conv3 block at the width so far), comma-separated, then the modules' exit head
@@ -153,7 +154,7 @@ def read_row(name: str, chain: Sequence[nn.Module], data: Data, norm: tuple[torc
 
 
 def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: int,
-          finetune_only: bool = False) -> list[dict[str, Any]]:
+          finetune_only: bool = False, control: bool = False) -> list[dict[str, Any]]:
     """Every row of the study on one run (see the module's docstring); ``finetune_only``: only the run's
     module 1 fine-tuned with the look-ahead tail and the fresh tails behind it."""
     data = Data(run)
@@ -168,7 +169,7 @@ def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: i
         return Net(text, channels, data.classes)
 
     if finetune_only:
-        return finetuned_rows(module1, tails, lookahead, data, norm, cfg, build, seed)
+        return finetuned_rows(module1, tails, lookahead, data, norm, cfg, build, seed, control)
     rows = []
     for i, tail_text in enumerate(tails):
         started = time.perf_counter()
@@ -196,17 +197,23 @@ def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: i
 
 
 def finetuned_rows(module1: nn.Module, tails: Sequence[str], lookahead: float, data: Data,
-                   norm: tuple[torch.Tensor, torch.Tensor], cfg: TrainConfig, build: Any, seed: int
-                   ) -> list[dict[str, Any]]:
+                   norm: tuple[torch.Tensor, torch.Tensor], cfg: TrainConfig, build: Any, seed: int,
+                   control: bool = False) -> list[dict[str, Any]]:
     """The run's module 1 (a copy) trained on from where it stopped with the last tail as look-ahead (exit 1
-    starts trained, so it cannot stall as a fresh one can), then frozen, and each tail fresh behind it."""
+    starts trained, so it cannot stall as a fresh one can), then frozen, and each tail fresh behind it;
+    ``control``: trained on as long with its own exit's loss only (is it the look-ahead, or the steps?)."""
     started = time.perf_counter()
     tuned = copy.deepcopy(module1).requires_grad_(True)
     features = tuned(torch.zeros(1, *data.shape), NO_ARCH)[0].shape[1]
-    aux = build(tails[-1], features, 61)
-    fit([tuned, aux], [lookahead, 1.0], [], data, norm, cfg, seed + 5)
-    rows = [read_row(f"the run's module 1 trained on with a look-ahead tail (exit loss x {lookahead:g}): "
-                     f"{tails[-1]}", [tuned, aux], data, norm, time.perf_counter() - started)]
+    if control:
+        fit([tuned], [1.0], [], data, norm, cfg, seed + 5)
+        rows = [read_row("the run's module 1 trained on alone, as long (control)", [tuned], data, norm,
+                         time.perf_counter() - started)]
+    else:
+        aux = build(tails[-1], features, 61)
+        fit([tuned, aux], [lookahead, 1.0], [], data, norm, cfg, seed + 5)
+        rows = [read_row(f"the run's module 1 trained on with a look-ahead tail (exit loss x {lookahead:g}): "
+                         f"{tails[-1]}", [tuned, aux], data, norm, time.perf_counter() - started)]
     for i, tail_text in enumerate(tails):
         started = time.perf_counter()
         tail = build(tail_text, features, 70 + i)
@@ -226,12 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lookahead", type=float, default=1.0, help="weight of module 1's exit loss beside the tail's")
     p.add_argument("--finetune-only", action="store_true",
                    help="only the run's module 1 trained on with the look-ahead tail, and tails behind it")
+    p.add_argument("--control", action="store_true",
+                   help="with --finetune-only: module 1 trained on with its own exit's loss only, as long")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)")
     p.add_argument("--out", type=Path, default=Path("bench/out/frozen_trunk.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = study(args.run, args.trunk, args.tails, args.lookahead, args.seed, args.finetune_only)
+    rows = study(args.run, args.trunk, args.tails, args.lookahead, args.seed, args.finetune_only,
+                 args.control)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"run": str(args.run), "seed": args.seed, "rows": rows}, indent=1) + "\n")
     for row in rows:

@@ -63,6 +63,11 @@ def test_every_row_is_read_and_the_frozen_module_1_is_left_as_it_was(run: Path, 
     only = tmp_path / "only.json"
     assert frozen_trunk.main([*args[:-2], "--out", str(only), "--finetune-only"]) == 0
     assert [r["row"] for r in json.loads(only.read_text())["rows"]] == [r["row"] for r in rows[7:]]
+    control = tmp_path / "control.json"
+    assert frozen_trunk.main([*args[:-2], "--out", str(control), "--finetune-only", "--control"]) == 0
+    first, *fresh = json.loads(control.read_text())["rows"]
+    assert first["row"] == "the run's module 1 trained on alone, as long (control)" and len(first["held_out"]) == 1
+    assert [r["held_out"][0] for r in fresh] == [first["held_out"][0]] * 2  # the tails sit behind that module 1
 
 
 def test_a_bad_net_is_refused_by_token(run: Path) -> None:
