@@ -187,12 +187,7 @@ def study(run: Path, trunk: str, tails: Sequence[str], lookahead: float, seed: i
     fit([retrained, aux], [lookahead, 1.0], [], data, norm, cfg, seed + 3)
     rows.append(read_row(f"module 1 with a look-ahead tail (exit loss x {lookahead:g}): {trunk} + {tails[-1]}",
                          [retrained, aux], data, norm, time.perf_counter() - started))
-    for i, tail_text in enumerate(tails):
-        started = time.perf_counter()
-        tail = build(tail_text, features, 50 + i)
-        fit([tail], [1.0], [retrained], data, norm, cfg, seed + 4)
-        rows.append(read_row(f"behind that module 1, a fresh tail: {tail_text}", [retrained, tail], data, norm,
-                             time.perf_counter() - started))
+    rows += fresh_tails(retrained, features, tails, data, norm, cfg, build, 50, seed + 4)
     return rows + finetuned_rows(module1, tails, lookahead, data, norm, cfg, build, seed)
 
 
@@ -214,11 +209,19 @@ def finetuned_rows(module1: nn.Module, tails: Sequence[str], lookahead: float, d
         fit([tuned, aux], [lookahead, 1.0], [], data, norm, cfg, seed + 5)
         rows = [read_row(f"the run's module 1 trained on with a look-ahead tail (exit loss x {lookahead:g}): "
                          f"{tails[-1]}", [tuned, aux], data, norm, time.perf_counter() - started)]
+    return rows + fresh_tails(tuned, features, tails, data, norm, cfg, build, 70, seed + 6)
+
+
+def fresh_tails(module1: nn.Module, features: int, tails: Sequence[str], data: Data,
+                norm: tuple[torch.Tensor, torch.Tensor], cfg: TrainConfig, build: Any, offset: int, seed: int
+                ) -> list[dict[str, Any]]:
+    """Each tail, fresh (initialised at ``offset`` + its index), trained behind ``module1`` frozen."""
+    rows = []
     for i, tail_text in enumerate(tails):
         started = time.perf_counter()
-        tail = build(tail_text, features, 70 + i)
-        fit([tail], [1.0], [tuned], data, norm, cfg, seed + 6)
-        rows.append(read_row(f"behind that module 1, a fresh tail: {tail_text}", [tuned, tail], data, norm,
+        tail = build(tail_text, features, offset + i)
+        fit([tail], [1.0], [module1], data, norm, cfg, seed)
+        rows.append(read_row(f"behind that module 1, a fresh tail: {tail_text}", [module1, tail], data, norm,
                              time.perf_counter() - started))
     return rows
 
