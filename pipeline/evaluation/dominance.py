@@ -49,7 +49,7 @@ def _beats(acc: float, macs: float, se: float, a: float, m: float) -> tuple[bool
 
 def _ties_cheaper(acc: float, macs: float, a: float, m: float) -> bool:
     """At most the cascade's MACs and at least its held-out accuracy: the simpler model ships. The scenes
-    folder's seed 0 (kd_hard 0) shipped its cascade at 91.93% held out against plain_small's 92.71% at
+    folder's seed 0 (module 1 not distilled) shipped its cascade at 91.93% held out against plain_small's 92.71% at
     0.84x its MACs (0.78 points, under one SE) and read 2.71 points under it on test, dominated; over
     the 40 own-data runs on record the tie rule ships a plain CNN in exactly the two that test found
     dominated (docs/RESULTS.md "No distillation on hard data")."""

@@ -162,8 +162,6 @@ TRAIN = {
     "paired_perf": Bool(default=True),
     "kd": Number(ge=0, default=0.0,
                  doc="distillation from plain_large's probabilities (needs train's --teacher)"),
-    "kd_hard": Number(ge=0, nullable=True, default=None,
-                      doc="distillation's weight instead where grade found the data hard (null: kd)"),
     "kd_temperature": Number(gt=0, default=2.0),
     "tries_hard": Int(ge=1, le=10, default=1,
                       doc="where grade found the data hard: train this many times (train seed, +1, ...), keep "

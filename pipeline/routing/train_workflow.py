@@ -11,7 +11,7 @@ import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from pipeline.models.profile import CostModel
 from pipeline.models.store import ModuleInfo
 from pipeline.routing.assemble import load_prefix
 from pipeline.train import distributed
-from pipeline.train.config import TrainConfig, best_try, epochs_note, kd_on, sized_to, step_floor, tries_on
+from pipeline.train.config import TrainConfig, best_try, epochs_note, sized_to, step_floor, tries_on
 from pipeline.train.inputs import curriculum, distillation_targets, initial_module, module_info, module_stats
 from pipeline.train.lock import checkpoint_lock, lock_path
 from pipeline.train.loop import TrainResult, train_module
@@ -68,7 +68,7 @@ class ModulePlan:
     """Everything module k trains from, resolved before any training (so every rank agrees)."""
 
     k: int
-    cfg: TrainConfig  # epochs raised to the step floor, distillation's weight for this data
+    cfg: TrainConfig  # epochs raised to the step floor for this data
     tries: list[TrainConfig]  # one, or on hard data one per training seed
     keys: list[str]  # each try's checkpoint key
     seed: int  # the run's seed: the initial weights
@@ -96,15 +96,12 @@ class ModulePlan:
 
 
 def _resolved(cfg: TrainConfig, name: str, images: int, hard: bool) -> tuple[TrainConfig, list[str]]:
-    """The recipe for this data (step floor, kd_hard) and the lines that say what changed."""
+    """The recipe for this data (the step floor) and the line that says what changed."""
     sized, notes = sized_to(cfg, images, hard), []
     if sized.epochs != cfg.epochs:
         floor = step_floor(cfg.min_steps, cfg.min_steps_hard, hard)
         notes.append(epochs_note(f"train@{name}", cfg.epochs, sized.epochs, floor, images, cfg.batch_size, hard))
-    if kd_on(cfg, hard) != cfg.kd:
-        notes.append(f"train@{name}: distillation weight {kd_on(cfg, hard)} instead of {cfg.kd} (kd_hard: grade "
-                     "found the data hard)")
-    return replace(sized, kd=kd_on(cfg, hard)), notes
+    return sized, notes
 
 
 def plan_module(inputs: TrainInputs, model: ModelConfig, cfg: TrainConfig, seed: int, k: int,
@@ -115,7 +112,7 @@ def plan_module(inputs: TrainInputs, model: ModelConfig, cfg: TrainConfig, seed:
     meta = read_json(inputs.data / "meta.json")
     train, calib = load_split(inputs.data, "train"), load_split(inputs.data, "calib")
     index, subset = curriculum(train, inputs.graded / f"{name}.txt")
-    hard = hard_setting_applies(cfg.min_steps_hard or cfg.kd_hard is not None or cfg.tries_hard > 1, inputs.graded,
+    hard = hard_setting_applies(cfg.min_steps_hard or cfg.tries_hard > 1, inputs.graded,
                                 len(meta["classes"]))
     cfg, notes = _resolved(cfg, name, len(subset), hard)
     mean, std = module_stats(k, train.images, inputs.models)  # measured for m1; later modules inherit m1's

@@ -63,7 +63,6 @@ class TrainConfig:
     paired_perf: bool = _default("paired_perf")
     # weight of distillation from soft targets (a teacher's probabilities per image); 0 = off
     kd: float = _default("kd")
-    kd_hard: float | None = _default("kd_hard")  # kd instead where grade found the data hard; None = kd
     # the student's logits are divided by it (the soft targets were made at it)
     kd_temperature: float = _default("kd_temperature")
     # hard data: trained this many times (seed, seed + 1, ...), the best by training accuracy kept
@@ -119,15 +118,6 @@ def sized_to(cfg: TrainConfig, images: int, hard: bool = False) -> TrainConfig:
     """``cfg`` with its epochs raised to its step floor (``step_floor``) over ``images`` images."""
     floor = step_floor(cfg.min_steps, cfg.min_steps_hard, hard)
     return replace(cfg, epochs=epochs_for(cfg.epochs, floor, images, cfg.batch_size))
-
-
-def kd_on(cfg: TrainConfig, hard: bool) -> float:
-    """Distillation's weight for this data: ``kd_hard`` on hard data where it is set, else ``kd``. On the
-    scenes folder distillation from a 1,200-step ``plain_large`` (97% held out) stalled module 1: 37.5% /
-    46.4% on calib over two initialisations at kd 1, 84.9% / 64.1% at kd 0; through the user's command, three
-    seeds, the cascade 91.5 / 82.7 / 94.2% at kd 0 against 65.2 / 87.1 / 68.5% (docs/RESULTS.md "No
-    distillation on hard data")."""
-    return cfg.kd_hard if hard and cfg.kd_hard is not None else cfg.kd
 
 
 def tries_on(cfg: TrainConfig, hard: bool) -> list[TrainConfig]:

@@ -15,7 +15,6 @@ from pipeline.train.config import (
     best_try,
     epochs_for,
     epochs_note,
-    kd_on,
     sized_to,
     step_floor,
     tries_on,
@@ -74,15 +73,12 @@ def test_hard_data_raises_the_floor_to_min_steps_hard_only_where_set() -> None:
     assert "baselines.min_steps_hard" in problems
 
 
-def test_kd_hard_replaces_kd_on_hard_data_only_where_set() -> None:
-    cfg = TrainConfig(epochs=8, batch_size=64, lr=0.05, kd=1.0, kd_hard=0.0)
-    assert (kd_on(cfg, hard=True), kd_on(cfg, hard=False)) == (0.0, 1.0)
-    unset = TrainConfig(epochs=8, batch_size=64, lr=0.05, kd=1.0)
-    assert unset.kd_hard is None and kd_on(unset, hard=True) == 1.0
-    assert kd_on(TrainConfig(epochs=8, batch_size=64, lr=0.05, kd=0.0, kd_hard=0.5), hard=True) == 0.5
-    problems = "\n".join(params_problems({"train": {"kd_hard": -1}}, partial=True))
-    assert "train.kd_hard" in problems
-    assert not [p for p in params_problems({"train": {"kd_hard": None}}, partial=True) if "kd_hard" in p]
+def test_kd_hard_is_retired_and_refused_by_name() -> None:
+    # distillation applies on hard data as on any other (docs/DESIGN.md "Distillation on hard data too")
+    problems = "\n".join(params_problems({"train": {"kd_hard": 0.0}}, partial=True))
+    assert "train.kd_hard is not a known key" in problems
+    with pytest.raises(ValueError, match="kd_hard"):
+        TrainConfig.from_dict({"epochs": 8, "batch_size": 64, "lr": 0.05, "kd_hard": 0.0})
 
 
 def test_hard_data_trains_tries_hard_times_with_consecutive_train_seeds() -> None:
