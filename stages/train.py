@@ -60,16 +60,16 @@ def main(argv: list[str] | None = None) -> None:
         print(line, flush=True)
     with ExitStack() as held:
         try:
-            caches = held.enter_context(module_checkpoints(plan, args.root, args.models, world.main))
+            cache = held.enter_context(module_checkpoints(plan, args.root, args.models, world.main))
         except CheckpointLocked as exc:
             raise StageFailed(f"train@{name}: {exc}") from None
         distributed.barrier()  # rank 0 has cleaned up before any rank reads a checkpoint
         if not world.main:
-            return follow_rank0(plan, caches, device, compute.precision)
+            return follow_rank0(plan, cache, device, compute.precision)
         with stage_run(f"train@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                        params=plan.run_params()) as run, \
                 atomic_path(args.models / name / "train", is_dir=True) as tmp:
-            out = run_module_training(plan, caches, device, compute.precision, tmp, world.size, run.log_metrics)
+            out = run_module_training(plan, cache, device, compute.precision, tmp, world.size, run.log_metrics)
             write_json(args.metrics, out.metrics)
             run.log_metrics(out.run_metrics())
     print(out.summary())

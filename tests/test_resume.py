@@ -153,15 +153,6 @@ def test_checkpoints_of_other_keys_are_removed(tmp_path: Path) -> None:
     assert sorted(p.name for p in cache.parent.iterdir()) == ["m1-new", "m10-other", "m2-old"]
 
 
-def test_the_other_tries_checkpoints_are_kept(tmp_path: Path) -> None:
-    for name in ("m1-t0", "m1-t1", "m1-t2", "m1-old"):
-        (tmp_path / ".cache" / "train" / name).mkdir(parents=True)
-    cache = prepare_checkpoints(tmp_path, tmp_path / "models" / "m1", "m1", "t1", keep=["t0", "t1", "t2"],
-                                log=lambda line: None)
-    assert cache.name == "m1-t1"
-    assert sorted(p.name for p in cache.parent.iterdir()) == ["m1-t0", "m1-t1", "m1-t2"]
-
-
 def test_prepare_checkpoints_cleans_up_and_says_so_on_rank_0_only(tmp_path: Path) -> None:
     module_dir, root = tmp_path / "models" / "m1", tmp_path / "repo"
     (module_dir / ".train.dead").mkdir(parents=True)

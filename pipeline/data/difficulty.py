@@ -45,6 +45,6 @@ def data_is_hard(graded: Path, num_classes: int) -> bool:
 
 
 def hard_setting_applies(setting: object, graded: Path, num_classes: int) -> bool:
-    """Whether a hard-data setting of the run (``min_steps_hard``, ``tries_hard``) is set (not None, 0 or
+    """Whether a hard-data setting of the run (``min_steps_hard``) is set (not None, 0 or
     False) and grade found the data hard; the scores are read only then."""
     return setting not in (None, 0, False) and data_is_hard(graded, num_classes)

@@ -163,9 +163,6 @@ TRAIN = {
     "kd": Number(ge=0, default=0.0,
                  doc="distillation from plain_large's probabilities (needs train's --teacher)"),
     "kd_temperature": Number(gt=0, default=2.0),
-    "tries_hard": Int(ge=1, le=10, default=1,
-                      doc="where grade found the data hard: train this many times (train seed, +1, ...), keep "
-                          "the one with the highest final training accuracy"),
     "grad_clip": Number(ge=0, default=0.0, doc="clip the gradients' global norm to this (0: off)"),
     "processes": Int(ge=1, default=1),
 }

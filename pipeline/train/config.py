@@ -65,8 +65,6 @@ class TrainConfig:
     kd: float = _default("kd")
     # the student's logits are divided by it (the soft targets were made at it)
     kd_temperature: float = _default("kd_temperature")
-    # hard data: trained this many times (seed, seed + 1, ...), the best by training accuracy kept
-    tries_hard: int = _default("tries_hard")
     grad_clip: float = _default("grad_clip")  # clip the gradients' global norm to this before each step; 0 = off
     processes: int = _default("processes")  # data-parallel ranks (the stage relaunches itself under torchrun when > 1)
 
@@ -118,23 +116,6 @@ def sized_to(cfg: TrainConfig, images: int, hard: bool = False) -> TrainConfig:
     """``cfg`` with its epochs raised to its step floor (``step_floor``) over ``images`` images."""
     floor = step_floor(cfg.min_steps, cfg.min_steps_hard, hard)
     return replace(cfg, epochs=epochs_for(cfg.epochs, floor, images, cfg.batch_size))
-
-
-def tries_on(cfg: TrainConfig, hard: bool) -> list[TrainConfig]:
-    """The configs a module trains from on this data: ``cfg`` alone, or on hard data ``cfg.tries_hard`` of
-    them with train seeds ``cfg.seed``, ``+ 1``, ... (the training seed draws the shuffling and augmentation;
-    the initial weights stay the run's). On the scenes folder module 1 stalled with 2 of 15 training seeds
-    (51.0% and 59.4% on calib, against 74.5-88.0%), both on one run's data, and the final training accuracy
-    told the stalled ones (<= 72%) from the others (>= 79%) (docs/RESULTS.md "No distillation on hard data")."""
-    n = cfg.tries_hard if hard else 1
-    return [replace(cfg, seed=cfg.seed + t) for t in range(n)]
-
-
-def best_try(train_accuracies: list[float]) -> int:
-    """The try to keep: the highest final training accuracy, the earliest on a tie."""
-    if not train_accuracies:
-        raise ValueError("best_try needs at least one try")
-    return max(range(len(train_accuracies)), key=lambda t: (train_accuracies[t], -t))
 
 
 def epochs_note(name: str, epochs: int, raised: int, min_steps: int, images: int, batch_size: int,

@@ -94,20 +94,3 @@ def train_metrics(module: torch.nn.Module, prefix: Prefix, calib: Split, info: M
         "final_train_acc": result.history[-1]["train_acc"], "sampler": cfg.sampler,
         "processes": processes, "device": str(device), "kd": cfg.kd,
     }
-
-
-def tries_line(name: str, tries: list[TrainConfig]) -> str:
-    """The line that says a module trains more than once (``train.tries_hard`` on hard data)."""
-    return (f"train@{name}: {len(tries)} tries (tries_hard: grade found the data hard), train seeds "
-            f"{', '.join(str(c.seed) for c in tries)}; the highest final training accuracy is kept")
-
-
-def tries_record(name: str, tries: list[TrainConfig], accuracies: list[float], kept: int,
-                 epochs_not_run: int) -> tuple[dict[str, Any], str]:
-    """The metrics of a module trained more than once (each try's training seed and final training
-    accuracy, the kept try, the epochs resumed over the tries) and the line that says which was kept."""
-    record = {"tries": [{"train_seed": c.seed, "final_train_acc": a} for c, a in zip(tries, accuracies, strict=True)],
-              "kept_try": kept, "resumed_after_epoch": epochs_not_run}
-    line = (f"train@{name}: kept try {kept + 1} (train seed {tries[kept].seed}); final training accuracy "
-            + " / ".join(f"{a:.1%}" for a in accuracies))
-    return record, line

@@ -10,7 +10,7 @@ import os
 import random
 import shutil
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -85,11 +85,10 @@ def clean_stale_temporaries(module_dir: Path) -> list[Path]:
     return stale
 
 
-def clean_stale_checkpoints(cache: Path, name: str, keep: Sequence[Path] = ()) -> list[Path]:
-    """Remove the ``<name>-*`` folders beside ``cache`` but ``cache`` itself and ``keep`` (the other tries
-    of this run): checkpoints of inputs or code that changed since a killed run, which can never be resumed."""
-    live = {Path(cache), *map(Path, keep)}
-    stale = [p for p in sorted(cache.parent.glob(f"{name}-*")) if p not in live] if cache.parent.is_dir() else []
+def clean_stale_checkpoints(cache: Path, name: str) -> list[Path]:
+    """Remove the ``<name>-*`` folders beside ``cache`` but ``cache`` itself: checkpoints of inputs or code
+    that changed since a killed run, which can never be resumed."""
+    stale = [p for p in sorted(cache.parent.glob(f"{name}-*")) if p != Path(cache)] if cache.parent.is_dir() else []
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
     return stale
@@ -100,16 +99,16 @@ def _log(message: str) -> None:
 
 
 def prepare_checkpoints(root: Path, module_dir: Path, name: str, key: str, *, clean: bool = True,
-                        log: Callable[[str], None] = _log, keep: Sequence[str] = ()) -> Path:
+                        log: Callable[[str], None] = _log) -> Path:
     """Module ``name``'s checkpoint folder for ``key`` (:func:`checkpoint_cache`). With ``clean`` (rank 0
     only: the others just need the path), first removes what killed runs left, saying so: stale
-    temporaries in ``module_dir`` (the folder of its outputs), checkpoints of other keys than ``key`` and
-    ``keep``; and says so when a checkpoint there is resumed."""
+    temporaries in ``module_dir`` (the folder of its outputs), checkpoints of other keys than ``key``; and
+    says so when a checkpoint there is resumed."""
     cache = checkpoint_cache(root, name, key)
     if clean:
         for path in clean_stale_temporaries(module_dir):
             log(f"train@{name}: removed {path} (left by a killed run)")
-        for stale in clean_stale_checkpoints(cache, name, [checkpoint_cache(root, name, other) for other in keep]):
+        for stale in clean_stale_checkpoints(cache, name):
             log(f"train@{name}: removed stale checkpoints {stale}")
         if any(cache.glob("epoch_*.pt")):
             log(f"train@{name}: resuming from the checkpoint in {cache}")

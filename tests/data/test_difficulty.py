@@ -41,7 +41,7 @@ def test_data_is_hard_from_the_scores_grade_wrote(tmp_path: Path, mean_score: fl
     assert hard_setting_applies(1200, folder, classes) is hard
     assert hard_setting_applies(0, tmp_path / "no-scores-read", classes) is False  # unset: nothing is read
     assert hard_setting_applies(None, tmp_path / "no-scores-read", classes) is False
-    assert hard_setting_applies(True, folder, classes) is hard  # a flag set (tries_hard > 1)
+    assert hard_setting_applies(True, folder, classes) is hard  # any setting that is on
 
 
 HEADER = "id,label,score,level\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from pipeline.models.config import ModelConfig
-from pipeline.routing.train_workflow import TrainInputs, finish_module, module_checkpoints, plan_module, train_tries
+from pipeline.routing.train_workflow import TrainInputs, finish_module, module_checkpoints, plan_module, train_planned
 from pipeline.train.config import TrainConfig
 from tests.evaluation.workflow_data import write_data, write_modules
 from tests.routing.test_assemble import SPEC
@@ -28,11 +28,11 @@ def inputs(root: Path) -> TrainInputs:
 def test_the_plan_resolves_the_recipe_and_keys_each_input(tmp_path: Path) -> None:
     given = inputs(tmp_path)
     plan = plan_module(given, MODEL, CFG, 0, 2, [])
-    assert (plan.name, len(plan.subset), plan.tries, plan.soft) == ("m2", 24, [plan.cfg], None)
+    assert (plan.name, len(plan.subset), plan.soft) == ("m2", 24, None)
     assert plan.cfg.epochs == 4 and plan.notes and "4" in plan.notes[0]  # 24 images / 16: one step an epoch
     assert plan.prefix.mean == plan.info.mean  # m2 inherits m1's normalisation
-    assert plan_module(given, MODEL, CFG, 0, 2, []).keys == plan.keys
-    assert plan_module(given, MODEL, CFG, 1, 2, []).keys != plan.keys  # the seed is in the key
+    assert plan_module(given, MODEL, CFG, 0, 2, []).key == plan.key
+    assert plan_module(given, MODEL, CFG, 1, 2, []).key != plan.key  # the seed is in the key
 
 
 def test_trained_and_finished_the_module_is_written_and_its_checkpoints_go(tmp_path: Path) -> None:
@@ -40,12 +40,12 @@ def test_trained_and_finished_the_module_is_written_and_its_checkpoints_go(tmp_p
     plan = plan_module(given, MODEL, CFG, 0, 2, [])
     out = tmp_path / "out"
     out.mkdir()
-    with module_checkpoints(plan, tmp_path, given.models, main=True) as caches:
-        trained = train_tries(plan, caches, torch.device("cpu"), "fp32")
-        done = finish_module(plan, trained, out, 1.0, plan.cfg.epochs, 1, torch.device("cpu"))
-        assert list(caches[0].glob("epoch_*.pt"))  # checkpointed while the block runs
-    assert not caches[0].exists() or not any(caches[0].iterdir())  # the block ended well: discarded
+    with module_checkpoints(plan, tmp_path, given.models, main=True) as cache:
+        module, result = train_planned(plan, cache, torch.device("cpu"), "fp32")
+        done = finish_module(plan, module, result, out, 1.0, plan.cfg.epochs, 1, torch.device("cpu"))
+        assert list(cache.glob("epoch_*.pt"))  # checkpointed while the block runs
+    assert not cache.exists() or not any(cache.iterdir())  # the block ended well: discarded
     assert {"module.pt", "history.csv"} <= {p.name for p in out.iterdir()}
-    assert done.metrics["module"] == 2 and done.metrics["epochs"] == 4 and done.lines == []
+    assert done.metrics["module"] == 2 and done.metrics["epochs"] == 4
     assert done.summary().startswith("train@m2") and done.run_metrics()["module"] == 2
     assert all(p.device.type == "cpu" for p in done.module.parameters())

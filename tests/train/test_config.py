@@ -3,7 +3,6 @@ optimiser steps, large data keeps its configured epochs."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,12 +11,10 @@ from pipeline.params.schema import params_problems
 from pipeline.train.baselines import BaselineConfig
 from pipeline.train.config import (
     TrainConfig,
-    best_try,
     epochs_for,
     epochs_note,
     sized_to,
     step_floor,
-    tries_on,
 )
 from pipeline.train.outputs import epochs_trained
 
@@ -73,29 +70,12 @@ def test_hard_data_raises_the_floor_to_min_steps_hard_only_where_set() -> None:
     assert "baselines.min_steps_hard" in problems
 
 
-def test_kd_hard_is_retired_and_refused_by_name() -> None:
-    # distillation applies on hard data as on any other (docs/DESIGN.md "Distillation on hard data too")
-    problems = "\n".join(params_problems({"train": {"kd_hard": 0.0}}, partial=True))
-    assert "train.kd_hard is not a known key" in problems
-    with pytest.raises(ValueError, match="kd_hard"):
-        TrainConfig.from_dict({"epochs": 8, "batch_size": 64, "lr": 0.05, "kd_hard": 0.0})
+@pytest.mark.parametrize("retired", ["kd_hard", "tries_hard"])
+def test_the_retired_hard_data_options_are_refused_by_name(retired: str) -> None:
+    # docs/DESIGN.md "Distillation on hard data too", "One training of module 1 on hard data"
+    problems = "\n".join(params_problems({"train": {retired: 1}}, partial=True))
+    assert f"train.{retired} is not a known key" in problems
+    with pytest.raises(ValueError, match=retired):
+        TrainConfig.from_dict({"epochs": 8, "batch_size": 64, "lr": 0.05, retired: 1})
 
 
-def test_hard_data_trains_tries_hard_times_with_consecutive_train_seeds() -> None:
-    cfg = TrainConfig(epochs=8, batch_size=64, lr=0.05, seed=1, tries_hard=3)
-    assert tries_on(cfg, hard=False) == [cfg]
-    tries = tries_on(cfg, hard=True)
-    assert [c.seed for c in tries] == [1, 2, 3] and tries[0] == cfg
-    assert all(replace(c, seed=1) == cfg for c in tries)  # only the training seed differs
-    assert tries_on(TrainConfig(epochs=8, batch_size=64, lr=0.05), hard=True) == [
-        TrainConfig(epochs=8, batch_size=64, lr=0.05)]  # default 1: one try
-    problems = "\n".join(params_problems({"train": {"tries_hard": 0}}, partial=True))
-    assert "train.tries_hard" in problems
-
-
-def test_the_highest_training_accuracy_is_kept_the_earliest_on_a_tie() -> None:
-    assert best_try([0.722, 0.915, 0.908]) == 1  # the scenes' seed-1 data: the stalled try 1 is dropped
-    assert best_try([0.9, 0.9, 0.8]) == 0
-    assert best_try([0.5]) == 0
-    with pytest.raises(ValueError):
-        best_try([])

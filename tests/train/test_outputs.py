@@ -13,7 +13,7 @@ from pipeline.models.cascade import build_modules
 from pipeline.models.profile import CostModel
 from pipeline.models.store import ModuleInfo
 from pipeline.train.loop import TrainResult
-from pipeline.train.outputs import done_line, epoch_line, iteration_log, train_metrics, tries_line, tries_record
+from pipeline.train.outputs import done_line, epoch_line, iteration_log, train_metrics
 from pipeline.train.paths import evaluate_path
 from pipeline.train.prefix import Prefix
 from tests.train.test_loop import MEAN, SPEC, STD, cfg, pattern_data
@@ -62,12 +62,3 @@ def test_train_metrics_of_a_fixed_module() -> None:
         "module", "kind", "train_images", "epochs", "seconds", "images_per_s", "resumed_after_epoch",
         "calib_exit_acc", "calib_exit_conf_mean", "calib_path", "path_macs", "path_latency_ms_b1",
         "path_latency_ms_b64", "final_train_acc", "sampler", "processes", "device", "kd"]
-
-
-def test_tries_record_names_each_try_and_the_kept_one() -> None:
-    tries = [cfg(seed=s) for s in (4, 5, 6)]
-    record, line = tries_record("m1", tries, [0.5, 0.75, 0.7], 1, 0)
-    assert [t["train_seed"] for t in record["tries"]] == [4, 5, 6]
-    assert record["kept_try"] == 1 and record["resumed_after_epoch"] == 0
-    assert "kept try 2 (train seed 5)" in line and "75.0%" in line
-    assert "3 tries" in tries_line("m1", tries) and "4, 5, 6" in tries_line("m1", tries)
