@@ -86,12 +86,17 @@ def run_with_progress(cmd: list[str], progress: StageProgress) -> int:
     assert proc.stdout is not None
     out, pending = sys.stdout.buffer, b""
     while chunk := proc.stdout.read1(65536):
-        out.write(chunk)
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        notes = [n for n in (progress.feed(line.decode(errors="replace")) for line in lines) if n]
-        for note in notes:
-            out.write(f"{note}\n".encode())
+        # A chunk can end mid-line: each note goes right after its own line, and a partial line
+        # (a progress bar's \r updates) passes through at once, to be parsed when its newline comes.
+        *complete, tail = chunk.split(b"\n")
+        for segment in complete:
+            out.write(segment + b"\n")
+            note = progress.feed((pending + segment).decode(errors="replace"))
+            pending = b""
+            if note:
+                out.write(f"{note}\n".encode())
+        out.write(tail)
+        pending += tail
         out.flush()
     return proc.wait()
 

@@ -54,13 +54,17 @@ def test_run_with_progress_passes_output_through_and_adds_stage_lines(capfd) -> 
     from pipeline.profiles import run_with_progress
     from pipeline.report.progress import StageProgress
 
-    script = ("print(\"Running stage 'ingest':\"); print('epoch 1/2', end='\\r'); print('epoch 2/2'); "
+    # The child flushes mid-line and pauses, so the pipe hands over a chunk that ends inside a line:
+    # the stage's note must still come right after the stage's own line, never inside the next one.
+    script = ("import sys, time; sys.stdout.write(\"Running stage 'ingest':\\nepoch 1/2\\repoch 2\"); "
+              "sys.stdout.flush(); time.sleep(0.3); print('/2'); "
               "print(\"Stage 'grade' didn't change, skipping\"); raise SystemExit(3)")
     status = run_with_progress([sys.executable, "-c", script], StageProgress(["ingest", "grade"], {}, "soon"))
     out = capfd.readouterr().out
     assert status == 3  # the command's own exit status
     assert "epoch 1/2\repoch 2/2\n" in out and "didn't change, skipping" in out
-    assert "[stage 1/2 ingest] elapsed 0 s; no timing of this run here yet (soon in all)" in out
+    note = "[stage 1/2 ingest] elapsed 0 s; no timing of this run here yet (soon in all)"
+    assert f"Running stage 'ingest':\n{note}\n" in out
 
 
 def test_the_last_lines_give_the_verdict_and_the_way_back(tmp_path: Path) -> None:
