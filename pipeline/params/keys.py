@@ -218,14 +218,28 @@ def _suggest(name: str, known: Any) -> str:
     return close[0] if close else ""
 
 
+# Training keys a params file of an earlier version may still name: what replaced each, so the error
+# says why instead of only "unknown" (docs/DESIGN.md "The recipe's special cases, measured on the whole
+# own-data bench"). Refused in the common `train` section and in every module's `train` overrides.
+RETIRED_TRAIN_KEYS = {
+    "kd_hard": "retired: distillation into module 1 follows `kd` on every kind of data; remove the key",
+    "tries_hard": "retired: a module trains once; remove the key",
+}
+
+
+def _retired(name: str, prefix: str) -> str:
+    return RETIRED_TRAIN_KEYS.get(name, "") if prefix.split(".")[-1] == "train" else ""
+
+
 def unknown_keys(sec: Mapping[Any, Any], known: Any, prefix: str) -> list[str]:
     problems = []
     for name in sec:
         if name not in known:
             full = f"{prefix}.{name}" if prefix else str(name)
             match = _suggest(str(name), known)
-            hint = (f"did you mean {prefix + '.' if prefix else ''}{match}?" if match
-                    else f"known: {', '.join(str(k) for k in known)}")
+            hint = _retired(str(name), prefix) or (
+                f"did you mean {prefix + '.' if prefix else ''}{match}?" if match
+                else f"known: {', '.join(str(k) for k in known)}")
             what = "key" if prefix else "section"
             problems.append(f"{full} is not a known {what} ({hint})")
     return problems

@@ -74,7 +74,11 @@ def test_hard_data_raises_the_floor_to_min_steps_hard_only_where_set() -> None:
 def test_the_retired_hard_data_options_are_refused_by_name(retired: str) -> None:
     # docs/DESIGN.md "Distillation on hard data too", "One training of module 1 on hard data"
     problems = "\n".join(params_problems({"train": {retired: 1}}, partial=True))
-    assert f"train.{retired} is not a known key" in problems
+    assert f"train.{retired} is not a known key (retired: " in problems
+    problems = "\n".join(params_problems({"modules": {"m1": {"train": {retired: 1}}}}, partial=True))
+    assert f"modules.m1.train.{retired} is not a known key (retired: " in problems
+    # a key of the same name elsewhere is only unknown
+    assert "retired" not in "\n".join(params_problems({"grade": {retired: 1}}, partial=True))
     with pytest.raises(ValueError, match=retired):
         TrainConfig.from_dict({"epochs": 8, "batch_size": 64, "lr": 0.05, retired: 1})
 
