@@ -136,23 +136,64 @@ def stages_to(stages: Iterable[Any], device: torch.device) -> list[Any]:
 
 MEMORY_FORMATS = ("channels_last", "contiguous")
 
+# PyTorch's channels_last BatchNorm kernel on the CPU vectorises over channels: with a channel count that
+# is not a multiple of 8 it ran 2-7x slower than the standard layout's (4, 6, 12, 20, 28 channels), a cost
+# the two layout copies around the norm more than repay, so inside :func:`memory_format` such a norm reads
+# and writes the standard layout and hands channels_last on; at multiples of 8 the copies cost what they
+# save, and those stay (docs/RESULTS.md "BatchNorm layers of odd widths").
+NORM_CHANNEL_MULTIPLE = 8
+
+
+def _standard_layout_in(_norm: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    x = args[0] if args else None
+    if isinstance(x, torch.Tensor) and x.dim() == 4 and x.device.type == "cpu":
+        return (x.contiguous(), *args[1:])  # (B, C, H, W), standard strides
+    return None
+
+
+def _channels_last_out(_norm: nn.Module, _args: tuple[Any, ...], out: Any) -> Any:
+    if isinstance(out, torch.Tensor) and out.dim() == 4 and out.device.type == "cpu":
+        return out.contiguous(memory_format=torch.channels_last)  # (B, C, H, W), channels_last strides
+    return None
+
+
+def standard_layout_hooks(norm: nn.Module) -> list[Any]:
+    """Hooks (their removable handles) that make ``norm`` read and write the standard layout on the CPU
+    and hand its output on in channels_last."""
+    return [norm.register_forward_pre_hook(_standard_layout_in), norm.register_forward_hook(_channels_last_out)]
+
+
+def odd_width_norms(modules: Iterable[nn.Module]) -> list[nn.BatchNorm2d]:
+    """The BatchNorm2d layers of ``modules`` whose channel count is not a multiple of
+    :data:`NORM_CHANNEL_MULTIPLE`: those :func:`memory_format` runs in the standard layout on the CPU."""
+    return [m for module in modules for m in module.modules()
+            if isinstance(m, nn.BatchNorm2d) and m.num_features % NORM_CHANNEL_MULTIPLE != 0]
+
 
 @contextlib.contextmanager
-def memory_format(modules: Iterable[nn.Module], name: str = "channels_last") -> Any:
+def memory_format(modules: Iterable[nn.Module], name: str = "channels_last",
+                  standard_norms: bool = True) -> Any:
     """Run the block with the modules' 4-D weights in ``name`` layout, and put them back in the
     standard (contiguous) layout after it, whatever happens. Only the layout changes, never a value:
     ``channels_last`` (NHWC) lets oneDNN's and cuDNN's convolution kernels skip a layout conversion
     per call (1.3-1.7x training throughput on the 2-core CPU, ``python -m bench.train_throughput``);
-    results then differ from ``contiguous`` at float rounding level, and are deterministic either way."""
+    results then differ from ``contiguous`` at float rounding level, and are deterministic either way.
+    With ``channels_last`` and ``standard_norms``, the BatchNorm layers of :func:`odd_width_norms` run on
+    the CPU in the standard layout, through hooks removed on exit."""
     if name not in MEMORY_FORMATS:
         raise ValueError(f"memory format must be one of {MEMORY_FORMATS}, got {name!r}")
     modules = list(modules)
+    hooks = []
     if name == "channels_last":
         for module in modules:
             module.to(memory_format=torch.channels_last)
+        for norm in odd_width_norms(modules) if standard_norms else ():
+            hooks += standard_layout_hooks(norm)
     try:
         yield
     finally:
+        for hook in hooks:
+            hook.remove()
         for module in modules:
             module.to(memory_format=torch.contiguous_format)
 

@@ -182,6 +182,46 @@ def test_memory_format_converts_the_weights_and_restores_them_even_on_error() ->
         pass
 
 
+def _conv_norm(channels: int) -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3), torch.nn.BatchNorm2d(channels), torch.nn.ReLU())
+
+
+def _hooked(norm: torch.nn.Module) -> bool:
+    return bool(norm._forward_pre_hooks) or bool(norm._forward_hooks)
+
+
+@pytest.mark.parametrize("channels, odd", [(4, True), (12, True), (20, True), (8, False), (16, False), (24, False)])
+def test_memory_format_runs_odd_width_norms_in_the_standard_layout_and_hands_channels_last_on(channels, odd):
+    net, ref = _conv_norm(channels), _conv_norm(channels)
+    x = torch.randn(4, 3, 9, 9)
+    x_ref = x.clone().requires_grad_()
+    ref(x_ref).square().sum().backward()
+    with dev.memory_format([net], "channels_last"):
+        assert _hooked(net[1]) == odd
+        assert (net[1] in dev.odd_width_norms([net])) == odd
+        x_cl = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+        normed = net[1](net[0](x_cl))
+        assert normed.is_contiguous(memory_format=torch.channels_last)  # what the next conv expects
+        net[2](normed).square().sum().backward()
+    assert not _hooked(net[1])  # the hooks leave with the context
+    assert torch.allclose(normed.relu(), ref(x), atol=1e-5)  # the layout, never the values (to rounding)
+    assert torch.allclose(x_cl.grad, x_ref.grad, atol=1e-4)
+    assert torch.allclose(net[0].weight.grad, ref[0].weight.grad, atol=1e-4)
+
+
+def test_memory_format_leaves_norms_alone_when_told_or_in_the_standard_layout() -> None:
+    net = _conv_norm(4)
+    with dev.memory_format([net], "channels_last", standard_norms=False):
+        assert not _hooked(net[1])
+    with dev.memory_format([net], "contiguous"):
+        assert not _hooked(net[1])
+    with pytest.raises(RuntimeError, match="boom"), dev.memory_format([net], "channels_last"):
+        assert _hooked(net[1])
+        raise RuntimeError("boom")
+    assert not _hooked(net[1])
+
+
 def test_as_memory_format_only_touches_4d_batches() -> None:
     x = torch.randn(2, 3, 4, 4)
     assert dev.as_memory_format(x, "channels_last").is_contiguous(memory_format=torch.channels_last)
