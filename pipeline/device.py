@@ -136,12 +136,15 @@ def stages_to(stages: Iterable[Any], device: torch.device) -> list[Any]:
 
 MEMORY_FORMATS = ("channels_last", "contiguous")
 
-# PyTorch's channels_last BatchNorm kernel on the CPU vectorises over channels: with a channel count that
-# is not a multiple of 8 it ran 2-7x slower than the standard layout's (4, 6, 12, 20, 28 channels), a cost
-# the two layout copies around the norm more than repay, so inside :func:`memory_format` such a norm reads
-# and writes the standard layout and hands channels_last on; at multiples of 8 the copies cost what they
-# save, and those stay (docs/RESULTS.md "BatchNorm layers of odd widths").
+# PyTorch's channels_last BatchNorm kernel on the CPU vectorises over channels, and at narrow widths that do
+# not fill its vectors it runs a slow path: a plain CNN's training step at 4, 6 or 12 channels ran 1.4-1.7x
+# faster with those norms in the standard layout (two copies around each) and channels_last everywhere else.
+# At 8 channels the copies cost what they save; from 16 on they gain little or lose (20: 1.11x; 16, 24, 28,
+# 36 and ShuffleNetV2's 58 and 116: 0.7-0.8x). So inside :func:`memory_format` a norm narrower than 16
+# channels whose width is not a multiple of 8 reads and writes the standard layout (docs/RESULTS.md
+# "BatchNorm layers of odd widths").
 NORM_CHANNEL_MULTIPLE = 8
+NORM_NARROW_BELOW = 16
 
 
 def _standard_layout_in(_norm: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
@@ -164,10 +167,11 @@ def standard_layout_hooks(norm: nn.Module) -> list[Any]:
 
 
 def odd_width_norms(modules: Iterable[nn.Module]) -> list[nn.BatchNorm2d]:
-    """The BatchNorm2d layers of ``modules`` whose channel count is not a multiple of
-    :data:`NORM_CHANNEL_MULTIPLE`: those :func:`memory_format` runs in the standard layout on the CPU."""
-    return [m for module in modules for m in module.modules()
-            if isinstance(m, nn.BatchNorm2d) and m.num_features % NORM_CHANNEL_MULTIPLE != 0]
+    """The BatchNorm2d layers of ``modules`` narrower than :data:`NORM_NARROW_BELOW` channels whose width
+    is not a multiple of :data:`NORM_CHANNEL_MULTIPLE`: those :func:`memory_format` runs in the standard
+    layout on the CPU."""
+    return [m for module in modules for m in module.modules() if isinstance(m, nn.BatchNorm2d)
+            and m.num_features < NORM_NARROW_BELOW and m.num_features % NORM_CHANNEL_MULTIPLE != 0]
 
 
 @contextlib.contextmanager

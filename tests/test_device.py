@@ -191,7 +191,8 @@ def _hooked(norm: torch.nn.Module) -> bool:
     return bool(norm._forward_pre_hooks) or bool(norm._forward_hooks)
 
 
-@pytest.mark.parametrize("channels, odd", [(4, True), (12, True), (20, True), (8, False), (16, False), (24, False)])
+@pytest.mark.parametrize("channels, odd", [(4, True), (6, True), (12, True), (8, False), (16, False), (20, False),
+                                           (24, False)])
 def test_memory_format_runs_odd_width_norms_in_the_standard_layout_and_hands_channels_last_on(channels, odd):
     net, ref = _conv_norm(channels), _conv_norm(channels)
     x = torch.randn(4, 3, 9, 9)
