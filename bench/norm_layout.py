@@ -1,8 +1,8 @@
-"""Benchmark: training-step time of the plain CNNs and module 1, with the BatchNorm layers whose width is
-not a multiple of 8 in the standard layout inside channels_last training (what
-``pipeline.device.memory_format`` does) and without (every layer channels_last), side by side in one
-run. The two settings alternate in rounds of a few steps, so a noisy neighbour hits both alike; the
-medians over the rounds are reported.
+"""Benchmark: training-step time of the plain CNNs and module 1, with the BatchNorm layers of
+``pipeline.device.odd_width_norms`` (narrower than 16 channels, not a multiple of 8) in the standard layout
+inside channels_last training (what ``pipeline.device.memory_format`` does) and without (every layer
+channels_last), side by side in one run. The two settings alternate in rounds of a few steps, so a noisy
+neighbour hits both alike; the medians over the rounds are reported.
 
     python -m bench.norm_layout [--rounds 12] [--steps 5] [--widths 4 8 12] [--out bench/out/norm_layout.json]
 
