@@ -48,6 +48,16 @@ fi
 # Reinstall only when the declared dependencies change.
 stamp=".venv/.installed-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
+    # PyTorch's x86_64 wheel carries its CUDA libraries: a fresh .venv takes about 7 GB. Say so before pip
+    # runs out of room half-way through (pip's own message names neither the need nor the place).
+    if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+        free_kb=$(df -Pk .venv | awk 'NR == 2 {print $4}')
+        if [ "${free_kb:-0}" -lt $((8 * 1024 * 1024)) ]; then
+            echo "setup: error: $((free_kb / 1024)) MB free on the file system of $(pwd)/.venv; installing PyTorch" \
+                 "and the project's dependencies there needs about 8 GB (the virtualenv is about 7 GB)" >&2
+            exit 1
+        fi
+    fi
     echo "setup: installing Python dependencies into .venv (first time: a few minutes)"
     .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
     # torch 2.14.1 + torchvision 0.29.1 lie on this machine's disk (the only torchvision that imports

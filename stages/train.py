@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument(flag, type=Path, required=True, help=text)
     p.add_argument("--latency", type=Path, default=None,
                    help=f"measured latency JSON of profile (default: <root>/{LATENCY_FILE}; metrics only)")
-    p.add_argument("--teacher", type=Path, default=None, help="baselines: plain_large teaches where train.kd > 0")
+    p.add_argument("--teacher", type=Path, default=None,
+                   help="the baselines directory: its plain CNN more accurate on calib teaches where train.kd > 0")
     args = p.parse_args(argv)
     params = params_of(args)
     model, seed = ModelConfig.from_params(params), RunConfig.from_params(params).seed
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
         with stage_run(f"train@{name}", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                        params=plan.run_params()) as run, \
                 atomic_path(args.models / name / "train", is_dir=True) as tmp:
-            out = run_module_training(plan, cache, device, compute.precision, tmp, world.size, run.log_metrics)
+            out = run_module_training(plan, cache, device, compute.precision, tmp, world.size, run)
             write_json(args.metrics, out.metrics)
             run.log_metrics(out.run_metrics())
     print(out.summary())

@@ -161,7 +161,7 @@ TRAIN = {
     "utility": Str(choices=UTILITIES, default="rank"),
     "paired_perf": Bool(default=True),
     "kd": Number(ge=0, default=0.0,
-                 doc="distillation from plain_large's probabilities (needs train's --teacher)"),
+                 doc="distillation from the plain CNN more accurate on calib (needs train's --teacher)"),
     "kd_temperature": Number(gt=0, default=2.0),
     "grad_clip": Number(ge=0, default=0.0, doc="clip the gradients' global norm to this (0: off)"),
     "processes": Int(ge=1, default=1),

@@ -23,8 +23,9 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,11 @@ def execution_id() -> str:
     return f"adhoc-{uuid.uuid4().hex[:12]}"
 
 
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of (nested) ``metrics``, flattened to dotted keys, as floats."""
+    return {k: float(v) for k, v in _flatten(metrics).items() if isinstance(v, (int, float))}
+
+
 def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in params.items():
@@ -183,8 +189,21 @@ class StageRun:
         self._mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
-        clean = {k: float(v) for k, v in _flatten(metrics).items() if isinstance(v, (int, float))}
-        self._mlflow.log_metrics(clean, step=step)
+        self._mlflow.log_metrics(_numbers(metrics), step=step)
+
+    def log_series(self, rows: Sequence[tuple[int, Mapping[str, float]]]) -> None:
+        """Many steps' metrics at once, ``rows`` of (step, metrics): a ``log_metrics`` call per step is a
+        store transaction (or an HTTP request to a tracking server) each, about 7 ms on the SQLite store
+        here, so 400 of them cost seconds; ``log_batch`` sends up to MLflow's per-request limit in one."""
+        from mlflow.entities import Metric
+        from mlflow.utils.validation import MAX_METRICS_PER_BATCH
+
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(key, value, stamp, int(step)) for step, values in rows
+                   for key, value in _numbers(values).items()]
+        client = self._mlflow.MlflowClient()
+        for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS_PER_BATCH])
 
     def log_artifact(self, path: str | os.PathLike[str], artifact_path: str | None = None) -> None:
         path = Path(path)

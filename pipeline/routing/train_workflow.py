@@ -8,11 +8,11 @@ prefix."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -47,7 +47,14 @@ from pipeline.train.resume import (
 )
 
 OnEpoch = Callable[[int, dict, nn.Module, Any], None]  # (epoch, record, module, P(N))
-LogMetrics = Callable[..., None]  # (metrics, step=...): an MLflow run's log_metrics
+
+
+class MetricsLog(Protocol):
+    """Where training's metrics go: a stage's MLflow run (:class:`pipeline.registry.tracking.StageRun`)."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None: ...
+
+    def log_series(self, rows: Sequence[tuple[int, Mapping[str, float]]]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -57,7 +64,7 @@ class TrainInputs:
     profile: Path  # the cost model
     latency: Path  # profile's measured latencies (metrics only)
     models: Path  # m1..mK module directories: the prefix comes from here
-    teacher: Path | None  # plain_large's directory, read only where distillation is on
+    teacher: Path | None  # the baselines' directory (its more accurate net teaches), read only where kd > 0
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,9 @@ def plan_module(inputs: TrainInputs, model: ModelConfig, cfg: TrainConfig, seed:
     cfg, notes = _resolved(cfg, name, len(subset), hard)
     mean, std = module_stats(k, train.images, inputs.models)  # measured for m1; later modules inherit m1's
     prefix = load_prefix(inputs.models, k, costs, mean, std)
-    soft = distillation_targets(cfg, name, inputs.teacher, train.images, index, mean, std)  # None unless kd > 0
+    taught = distillation_targets(cfg, name, inputs.teacher, train.images, index, mean, std)  # None unless kd > 0
+    soft = None if taught is None else taught[0]
+    notes += [] if taught is None else [taught[1]]
     specs = model.for_input(int(meta["image_shape"][1])).specs  # module 1 strides on large images
     info = module_info(k, specs[k - 1], costs, len(meta["classes"]), prefix.mean, prefix.std)
     key_files = key_inputs(inputs.data, inputs.graded, inputs.profile, inputs.models, k,
@@ -174,14 +183,14 @@ def module_checkpoints(plan: ModulePlan, root: Path, models: Path, main: bool) -
 
 
 def run_module_training(plan: ModulePlan, cache: Path, device: torch.device, precision: str, out: Path,
-                        processes: int, log: LogMetrics) -> TrainedModule:
-    """Rank 0's training: each epoch logged (``log``) and printed, then the module's outputs written to
-    ``out`` (:func:`finish_module`) and P(N)'s iterations logged."""
+                        processes: int, log: MetricsLog) -> TrainedModule:
+    """Rank 0's training: each epoch logged (``log``, as it ends) and printed, then the module's outputs
+    written to ``out`` (:func:`finish_module`) and P(N)'s iterations logged in batches."""
     ran: list[int] = []  # epochs trained by this process (fewer after a resume)
 
     def on_epoch(epoch: int, record: dict, _module: nn.Module, _prob: Any) -> None:
         ran.append(epoch)
-        log({key: v for key, v in record.items() if isinstance(v, int | float)}, step=epoch)
+        log.log_metrics({key: v for key, v in record.items() if isinstance(v, int | float)}, step=epoch)
         print(epoch_line(plan.name, plan.cfg.epochs, epoch, record), flush=True)
 
     started = time.perf_counter()
@@ -189,8 +198,7 @@ def run_module_training(plan: ModulePlan, cache: Path, device: torch.device, pre
     seconds = time.perf_counter() - started
     distributed.finish()
     done = finish_module(plan, module, result, out, seconds, len(ran), processes, device)
-    for step, values in iteration_log(done.result.iterations):
-        log(values, step=step)
+    log.log_series(iteration_log(done.result.iterations))
     return done
 
 

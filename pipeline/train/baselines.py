@@ -1,5 +1,6 @@
 """Plain-CNN baselines for the cascade: a small and a large single-exit CNN, their training, storage
-and outputs (the large one is also the distillation teacher, :func:`teacher_probabilities`).
+and outputs (the one more accurate on held-out images is also the distillation teacher,
+:meth:`Baselines.teacher`, :func:`teacher_probabilities`).
 
 ``PlainCNN`` (:mod:`pipeline.models.modules`, where a run can also ship one alone) has the surface of
 a fixed cascade module (``space``, ``default_arch()``, ``forward(x, arch) -> (features, logits)``),
@@ -240,6 +241,16 @@ class Baselines:
         if name == LARGE:
             return self.large, self.meta.macs_large
         raise ValueError(f"no plain CNN called {name!r} (have {SMALL}, {LARGE})")
+
+    def teacher(self) -> tuple[str, PlainCNN, str]:
+        """The distillation teacher: the net more accurate on the held-out (calib) images, ``plain_large``
+        on a tie; its name, the net and a line saying why. A net stuck near chance (a plain CNN that never
+        left its plateau) would teach its own mistakes (docs/DESIGN.md "Your own data", the teacher)."""
+        accuracy = {name: float(self.meta.calib[name]["calib_accuracy"]) for name in (SMALL, LARGE)}
+        name = SMALL if accuracy[SMALL] > accuracy[LARGE] else LARGE
+        other = LARGE if name == SMALL else SMALL
+        why = f"calib accuracy {accuracy[name]:.4f}, {other} {accuracy[other]:.4f}"
+        return name, self.by_name(name)[0], why
 
 
 def save_baselines(directory: str | os.PathLike[str], small: PlainCNN, large: PlainCNN,

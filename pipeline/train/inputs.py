@@ -63,14 +63,16 @@ def initial_module(info: ModuleInfo, seed: int) -> nn.Module:
 
 def distillation_targets(cfg: TrainConfig, name: str, teacher: Path | None, images: np.ndarray,
                          index: np.ndarray, mean: tuple[float, ...],
-                         std: tuple[float, ...]) -> np.ndarray | None:
-    """With ``cfg.kd > 0``: the teacher's (``plain_large`` of the baselines directory ``teacher``)
-    flip-averaged probabilities, computed once per training image, then the curriculum's rows ``index``;
+                         std: tuple[float, ...]) -> tuple[np.ndarray, str] | None:
+    """With ``cfg.kd > 0``: the teacher's flip-averaged probabilities, computed once per training image,
+    then the curriculum's rows ``index``, and the line that names the teacher (the plain CNN of the
+    baselines directory ``teacher`` more accurate on held-out images, :meth:`Baselines.teacher`);
     None with ``kd == 0`` (the teacher is not read)."""
     if not cfg.kd > 0:
         return None
     if teacher is None:
         raise ConfigError(f"train.kd = {cfg.kd} for {name} needs --teacher (the baselines directory: "
-                          "plain_large is the teacher); set kd to 0 or pass --teacher")
-    large = load_baselines(teacher).large
-    return teacher_probabilities(large, images, mean, std, cfg.kd_temperature)[index]
+                          "its more accurate plain CNN is the teacher); set kd to 0 or pass --teacher")
+    chosen, net, why = load_baselines(teacher).teacher()
+    soft = teacher_probabilities(net, images, mean, std, cfg.kd_temperature)[index]
+    return soft, f"train@{name}: distilled from {chosen} ({why})"

@@ -1,5 +1,5 @@
-"""`train.kd > 0`: the train stage distils from the baselines' plain_large given `--teacher`, and
-refuses to run without one (no silent fallback to plain training)."""
+"""`train.kd > 0`: the train stage distils from the baselines' plain CNN more accurate on calib given
+`--teacher`, says which, and refuses to run without one (no silent fallback to plain training)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ def test_train_stage_distils_from_the_teacher_and_needs_one(tiny_repo, tmp_path)
 
     result = _train_m2(tiny_repo, tmp_path, "--teacher", "models/baselines")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    calib = json.loads((tiny_repo / "models" / "baselines" / "baselines.json").read_text())["calib"]
+    teacher = max(("plain_large", "plain_small"), key=lambda n: calib[n]["calib_accuracy"])  # a tie: plain_large
+    assert f"train@m2: distilled from {teacher} (calib accuracy" in result.stdout, result.stdout[-3000:]
     metrics = json.loads((tmp_path / "train_m2.json").read_text())
     plain = json.loads((tiny_repo / "metrics" / "train_m2.json").read_text())
     assert metrics["kd"] == 1.0 and plain.get("kd", 0.0) == 0.0

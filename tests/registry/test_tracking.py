@@ -23,3 +23,21 @@ def test_artifacts_stay_beside_the_store_not_in_the_working_directory(
     assert list((store / "mlruns").rglob("note.json"))
     assert artifact_root(f"sqlite:///{store / 'mlflow.db'}") == (store / "mlruns").as_uri()
     assert artifact_root("http://127.0.0.1:5000") is None
+
+
+def test_a_series_lands_as_each_step_logged_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """log_series writes what one log_metrics call per step would (keys, values, steps), over more
+    metrics than one MLflow request may carry, leaving non-numbers out."""
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rows = [(step, {"iter_a": step / 7, "iter_b": {"c": -step}, "note": "text"}) for step in range(0, 1300, 2)]
+    with stage_run("probe", experiment="series", root=tmp_path) as run:
+        run.log_series(rows)
+        client = mlflow.MlflowClient()
+        run_id = run.run_id
+    a = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "iter_a"))
+    c = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "iter_b.c"))
+    assert a == [(step, step / 7) for step in range(0, 1300, 2)]  # 1,300 metrics: two requests
+    assert c == [(step, float(-step)) for step in range(0, 1300, 2)]
+    assert "note" not in client.get_run(run_id).data.metrics

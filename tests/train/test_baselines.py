@@ -322,3 +322,16 @@ def test_a_baseline_by_name_with_its_macs() -> None:
     assert b.by_name(SMALL) == (small, b.meta.macs_small) and b.by_name(LARGE) == (large, b.meta.macs_large)
     with pytest.raises(ValueError, match="no plain CNN called 'two_cnn_cascade'"):
         b.by_name(TWO_CNN)
+
+
+@pytest.mark.parametrize(("small_acc", "large_acc", "teacher"),
+                         [(0.90, 0.93, LARGE), (0.93, 0.93, LARGE), (0.948, 0.427, SMALL)])
+def test_the_teacher_is_the_net_more_accurate_on_calib(small_acc, large_acc, teacher) -> None:
+    """plain_large teaches unless plain_small reads more on calib (a large net stuck on its plateau:
+    docs/DESIGN.md "Your own data"); a tie keeps plain_large."""
+    small, large = stirred(2, 1), stirred(3, 2)
+    calib = {"delta": 0.0, SMALL: {"calib_accuracy": small_acc}, LARGE: {"calib_accuracy": large_acc}}
+    b = Baselines(small, large, dataclasses.replace(make_meta(small, large), calib=calib))
+    name, net, why = b.teacher()
+    assert name == teacher and net is b.by_name(teacher)[0]
+    assert f"calib accuracy {max(small_acc, large_acc):.4f}" in why
