@@ -35,7 +35,6 @@ def variant_config(cfg: Any, seed: int, variant: str) -> tuple[Any, int]:
 
 def train_variants(run: Path, net: str, variants: list[str]) -> dict[str, dict[str, Any]]:
     """Each variant's held-out accuracy, training accuracy every fifth of the epochs and seconds."""
-    import numpy as np
     import torch
     import yaml
 
@@ -43,6 +42,7 @@ def train_variants(run: Path, net: str, variants: list[str]) -> dict[str, dict[s
     from pipeline.io import load_held_out, load_split, read_json
     from pipeline.params.config import CalibrateConfig
     from pipeline.train.baselines import LARGE, BaselineConfig, plain_outputs, train_baseline
+    from pipeline.train.inputs import normalisation_stats
 
     params = yaml.safe_load((run / "params.yaml").read_text())
     data = run / "data" / "prepared"
@@ -50,8 +50,7 @@ def train_variants(run: Path, net: str, variants: list[str]) -> dict[str, dict[s
     train = load_split(data, "train")
     held_out = load_held_out(data, CalibrateConfig.from_params(params).held_out)
     recipe, _ = sized_config(BaselineConfig.from_params(params), len(train), run / "data" / "graded", classes)
-    pixels = train.images.astype(np.float32) / 255.0  # the stage's normalisation statistics
-    norm = tuple(tuple(stat(axis=(0, 2, 3)).round(4).tolist()) for stat in (pixels.mean, pixels.std))
+    norm = normalisation_stats(train.images)  # what the baselines stage computes
     width = recipe.large_width if net == LARGE else recipe.small_width
     out = {}
     for variant in variants:
