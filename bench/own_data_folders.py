@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import colorsys
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,10 @@ OCCLUDED_CLASSES = {label: (name, 300) for label, name in enumerate(
     ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker"))}
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "frame")
 SCENES_PER_CLASS = 400
+# The third hard folder: eight shapes, smaller and among more clutter than the scenes', 300 of each
+# (docs/RESULTS.md "Your own images": a folder where plain_large led the hand-shaped cascade).
+SMALL_SHAPES = (*SHAPES, "diamond", "star")
+SMALL_PER_CLASS = 300
 
 
 def _fashion_rows(
@@ -89,6 +94,13 @@ def _draw_shape(draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: 
         draw.ellipse(box, outline=fill, width=width)
     elif shape == "frame":
         draw.rectangle(box, outline=fill, width=width)
+    elif shape == "diamond":
+        draw.polygon([(cx, cy - r), (cx + r, cy), (cx, cy + r), (cx - r, cy)], fill=fill)
+    elif shape == "star":
+        angles = [math.pi * (0.5 + 0.4 * i) for i in range(10)]
+        radii = [r if i % 2 == 0 else r * 0.45 for i in range(10)]
+        draw.polygon([(cx + q * math.cos(a), cy - q * math.sin(a)) for a, q in zip(angles, radii, strict=True)],
+                     fill=fill)
     else:
         raise ValueError(f"unknown shape {shape!r}")
 
@@ -186,6 +198,18 @@ def make_scenes(folder: Path, seed: int) -> Path:
     return folder
 
 
+def make_small_objects(folder: Path, seed: int) -> Path:
+    """Eight shapes of radius 5-9 px anywhere on 64 px scenes under 6-11 clutter strokes: the objects are a
+    few percent of the image, so a model must keep fine detail everywhere (what a pooled 8-channel first
+    module drops)."""
+    rng = np.random.default_rng(seed + 5)
+    for c, shape in enumerate(SMALL_SHAPES):
+        for j in range(SMALL_PER_CLASS):
+            pixels = scene(shape, 64, rng, radius=(5, 9), clutter_count=(6, 11))
+            _save(folder, shape, c * SMALL_PER_CLASS + j, pixels, ".png")
+    return folder
+
+
 def make_occluded(folder: Path, seed: int) -> Path:
     rng = np.random.default_rng(seed + 4)
     for i, (name, grey) in enumerate(_fashion_rows(OCCLUDED_CLASSES, rng)):
@@ -199,6 +223,7 @@ FOLDERS: dict[str, Callable[[Path, int], Path]] = {
     "digits-grey-32": make_digits,
     "scenes-colour-64": make_scenes,
     "occluded-colour-48": make_occluded,
+    "small-objects-colour-64": make_small_objects,
 }
 
 
