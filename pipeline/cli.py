@@ -235,7 +235,11 @@ def points_lines(points: Sequence[dict[str, Any]]) -> list[str]:
         macs = "?" if p["mean_macs"] is None else f"{p['mean_macs']:,.0f}"
         lines.append(f"  {p['name']}: accuracy {acc} at {macs} MACs; thresholds "
                      f"{[round(t, 4) for t in p['thresholds']]}")
-    return lines
+    from pipeline.routing.operating_points import parse_points
+    from pipeline.serving.admission import shed_note
+
+    note = shed_note(parse_points(list(points)))  # where the points cost alike, --p99-ms cannot move usefully
+    return [*lines, f"  ({note})"] if note else lines
 
 
 def format_subnets(subnets: Sequence[str]) -> str:

@@ -64,7 +64,9 @@ def add_commands(sub: Any, default_model: str) -> None:
                        help="a p99 latency target in ms: requests without a budget are answered at the "
                             "operating point a controller moves along from the measured queue wait and batch "
                             "time (cheaper points as latency nears the target, back to the accuracy-first one "
-                            "as load falls); LitServe only; docs/DESIGN.md 'Serving'")
+                            "as load falls), and a request predicted to miss it even at the cheapest point is "
+                            "refused at once (429; a request's own X-Deadline-Ms or JSON deadline_ms wins); "
+                            "with --server triton: the batcher's queue timeout only; docs/DESIGN.md 'Serving'")
     serve.add_argument("--static", action="store_true",
                        help="no early exit: every module on every image (to measure what the exits save)")
     serve.add_argument("--max-bytes", type=_positive(int), default=defaults.max_bytes,
@@ -100,10 +102,11 @@ def _resolve(model: str, scratch: str) -> Path | None:
     return None
 
 
-def _ready_model(directory: Path, engine: str, scratch: str, p99_ms: float | None = None) -> Path | str:
-    """The directory ``engine`` serves (for onnx, exported into ``scratch`` unless it is an export), or
-    why it cannot: the model is loaded once here, so a bad one (or one without the operating points a
-    ``p99_ms`` target needs) fails with a message before any server process starts."""
+def _ready_model(directory: Path, engine: str, scratch: str, p99_ms: float | None = None
+                 ) -> tuple[Path, tuple[Any, ...]] | str:
+    """The directory ``engine`` serves (for onnx, exported into ``scratch`` unless it is an export) and the
+    model's operating points, or why it cannot: the model is loaded once here, so a bad one (or one without
+    the operating points a ``p99_ms`` target needs) fails with a message before any server process starts."""
     from pipeline.serving.engines import is_onnx_dir, load_engine
     from pipeline.serving.onnx_export import export_model_dir
 
@@ -122,7 +125,7 @@ def _ready_model(directory: Path, engine: str, scratch: str, p99_ms: float | Non
             latency_controller(loaded.points, p99_ms)
         except ValueError as exc:
             return f"model {directory}: {exc}"
-    return directory
+    return directory, tuple(loaded.points)
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -131,18 +134,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.repository and args.server != "triton":
         print("error: --repository writes Triton's model repository: add --server triton", file=sys.stderr)
         return 2
-    if args.p99_ms is not None and (args.server == "triton" or args.static):
-        print("error: --p99-ms runs on LitServe with the early exits (not --server triton, not --static)",
-              file=sys.stderr)
+    if args.p99_ms is not None and args.static:
+        print("error: --p99-ms needs the early exits (not --static)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="cascade-serve-") as scratch:
         directory = _resolve(args.model, scratch)
         if directory is None:
             return 2
-        ready = _ready_model(directory, args.engine, scratch, args.p99_ms)
+        # Triton takes the target as its queue timeout alone: no controller, so no points are needed
+        ready = _ready_model(directory, args.engine, scratch, args.p99_ms if args.server == "litserve" else None)
         if isinstance(ready, str):
             print(f"error: {ready}", file=sys.stderr)
             return 2
+        ready, points = ready
         limits = ServeLimits(max_bytes=args.max_bytes, max_images=args.max_images, max_queue=args.max_queue,
                              timeout=args.timeout)
         try:
@@ -156,7 +160,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             return _serve_triton(config, Path(scratch), args.repository)
         previous = signal.signal(signal.SIGTERM, _stop)  # a TERM unwinds, so the download is removed
         try:
-            serve(config)
+            serve(config, points)  # serving, SIGTERM and Ctrl-C stop it cleanly (pipeline.serving.stopping)
         except KeyboardInterrupt:
             pass
         finally:
@@ -173,14 +177,14 @@ def _serve_triton(config: Any, scratch: Path, repository: str | None = None) -> 
     wait_us = round(config.batch_timeout * 1e6)
     if repository:
         out = repository_for(Path(config.model_dir), Path(repository), config.max_batch_size, wait_us,
-                             config.limits, config.exits)
+                             config.limits, config.exits, config.p99_ms)
         print(f"cascade serve: wrote Triton's model repository {out} (serve it with tritonserver "
               f"--model-repository {out}; deploy/triton/Dockerfile)")
         return 0
     previous = signal.signal(signal.SIGTERM, _stop)
     try:
         status = run_triton(Path(config.model_dir), scratch, config.host, config.port, config.max_batch_size,
-                            wait_us, config.limits, exits=config.exits)
+                            wait_us, config.limits, exits=config.exits, p99_ms=config.p99_ms)
     except TritonMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

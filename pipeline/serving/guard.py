@@ -10,8 +10,12 @@ A raw image body (``image/png``, ``image/jpeg``, ``application/octet-stream``) i
 ``{"image": "<base64>"}`` (:func:`pipeline.serving.requests.wrap_raw`), so the engine's decoder
 reads one form; a prediction's JSON gets the guard's stamp (its arrival time on the shared monotonic
 clock and the ``X-Cascade-Budget`` header: :func:`pipeline.serving.requests.stamped`), from which the
-worker measures the queue wait and reads the budget. With ``record``, refusals by reason and every
-answer's server-side latency go to the cascade's metrics (:mod:`pipeline.serving.metrics`).
+worker measures the queue wait and reads the budget. A request with a deadline (``X-Deadline-Ms`` or JSON
+``deadline_ms``, else ``target_ms``, the server's ``--p99-ms``) is admitted only if the serving process's
+outlook (:mod:`pipeline.serving.outlook`) predicts its answer in time behind the requests in flight here,
+else refused at once: 429, ``Retry-After`` and the predicted and deadline ms
+(:mod:`pipeline.serving.admission`). With ``record``, refusals by reason, every answer's server-side
+latency and the deadlines met or missed go to the cascade's metrics (:mod:`pipeline.serving.metrics`).
 Everything else passes untouched.
 """
 
@@ -23,8 +27,18 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from pipeline.serving.admission import Verdict, judge, predict_seconds, refusal
 from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, BadRequest, ServeLimits, check_headers, media_type
-from pipeline.serving.requests import BUDGET_HEADER, parse_json, precheck, stamped, wrap_raw
+from pipeline.serving.requests import (
+    BUDGET_HEADER,
+    DEADLINE_HEADER,
+    image_count,
+    parse_json,
+    precheck,
+    request_deadline,
+    stamped,
+    wrap_raw,
+)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -32,18 +46,19 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 ERROR_CODES = {400: "BAD_REQUEST", 408: "REQUEST_TIMEOUT", 411: "LENGTH_REQUIRED", 413: "REQUEST_TOO_LARGE",
-               415: "UNSUPPORTED_MEDIA_TYPE", 503: "OVERLOADED"}
+               415: "UNSUPPORTED_MEDIA_TYPE", 429: "DEADLINE", 503: "OVERLOADED"}
 
 
 def error_body(status: int, message: str) -> bytes:
     return json.dumps({"error_code": ERROR_CODES.get(status, "ERROR"), "message": message}).encode()
 
 
-async def _answer(send: Send, status: int, message: str, *, close: bool = False) -> None:
-    body = error_body(status, message)
+async def _answer(send: Send, status: int, message: str, *, close: bool = False, body: bytes | None = None,
+                  retry_after: int = 1) -> None:
+    body = error_body(status, message) if body is None else body
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 503:
-        headers.append((b"retry-after", b"1"))
+    if status in (429, 503):
+        headers.append((b"retry-after", str(retry_after).encode()))
     if close:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -69,10 +84,15 @@ class GuardMiddleware:
     """ASGI middleware enforcing :class:`ServeLimits` in front of the engine's endpoints."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], limits: ServeLimits | None = None,
-                 record: bool = False) -> None:
+                 record: bool = False, target_ms: float | None = None, outlook: str | None = None) -> None:
+        from pipeline.serving.outlook import OutlookFile
+
         self.app = app
         self.limits = limits or ServeLimits()
+        self.target_ms = target_ms  # the deadline of a request without its own
+        self.outlook = OutlookFile(outlook) if outlook else None  # the engine's process publishes it
         self.in_flight = 0
+        self.images_in_flight = 0  # of the requests admitted and not yet answered
         self.metrics = None
         if record:  # built in the HTTP process, after serve() set the metrics folder
             from pipeline.serving.metrics import ServingMetrics
@@ -114,10 +134,13 @@ class GuardMiddleware:
         try:
             body = await asyncio.wait_for(_read_body(receive, length), self.limits.read_timeout)
             kind = media_type(headers.get("content-type"))
+            payload = parse_check(body, self.limits) if kind == JSON_TYPE else None
+            deadline = request_deadline(payload, headers.get(DEADLINE_HEADER))
+            deadline = self.target_ms if deadline is None else deadline
             if kind in RAW_TYPES:
-                body = stamped(wrap_raw(body), arrived, budget)
-            elif kind == JSON_TYPE and isinstance(parse_check(body, self.limits), dict):
-                body = stamped(body, arrived, budget)
+                body = stamped(wrap_raw(body), arrived, budget, deadline)
+            elif isinstance(payload, dict):
+                body = stamped(body, arrived, budget, deadline)
         except TimeoutError:
             await self._refuse(send, 408, f"the request body did not arrive within {self.limits.read_timeout:g} s",
                           close=True)
@@ -126,6 +149,11 @@ class GuardMiddleware:
             return
         except BadRequest as exc:
             await self._refuse(send, exc.status, str(exc))
+            return
+        images = image_count(payload)
+        verdict = self._admit(deadline, images, time.monotonic() - arrived)
+        if not verdict.admit:
+            await self._shed(send, verdict)
             return
         scope = {**scope, "headers": _json_headers(scope["headers"], len(body))}
         sent = False
@@ -137,17 +165,45 @@ class GuardMiddleware:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        await self.app(scope, replay, self._timed(send, arrived))
+        self.images_in_flight += images
+        try:
+            await self.app(scope, replay, self._timed(send, arrived, verdict))
+        finally:
+            self.images_in_flight -= images
 
-    def _timed(self, send: Send, arrived: float) -> Send:
-        """``send``, recording the answer's status and server-side latency (and LitServe's 504 as a refusal)."""
+    def _admit(self, deadline_ms: float | None, images: int, waited_s: float) -> Verdict:
+        """Admit or refuse a request of ``images`` with ``deadline_ms`` (None: admitted unread) behind the
+        requests in flight here (this one is counted in ``in_flight`` already)."""
+        if deadline_ms is None:
+            return Verdict(True, None, None)
+        outlook = self.outlook.read() if self.outlook is not None else None
+        predicted = None if outlook is None else predict_seconds(outlook, self.in_flight - 1,
+                                                                 self.images_in_flight, images)
+        return judge(predicted, deadline_ms / 1e3, waited_s)
+
+    async def _shed(self, send: Send, verdict: Verdict) -> None:
+        """Refuse a request predicted to miss its deadline: 429, Retry-After and why, in numbers."""
+        from pipeline.serving.metrics import DEADLINE
+
+        if self.metrics is not None:
+            self.metrics.refused(DEADLINE)
+        outlook = self.outlook.read() if self.outlook is not None else None
+        body = refusal(verdict, outlook.point if outlook else "?")
+        await _answer(send, 429, body["message"], body=json.dumps(body).encode(), retry_after=verdict.retry_after_s)
+
+    def _timed(self, send: Send, arrived: float, verdict: Verdict | None = None) -> Send:
+        """``send``, recording the answer's status and server-side latency (and LitServe's 504 as a refusal),
+        and for a request with a deadline whether it was met and how far the prediction was off."""
         if self.metrics is None:
             return send
         metrics = self.metrics
+        deadline_s, predicted_s = (verdict.deadline_s, verdict.predicted_s) if verdict else (None, None)
 
         async def timed(message: Message) -> None:
             if message["type"] == "http.response.start":
-                metrics.responded(message["status"], time.monotonic() - arrived)
+                seconds = time.monotonic() - arrived
+                metrics.responded(message["status"], seconds)
+                metrics.deadline(message["status"], seconds, deadline_s, predicted_s)
                 if message["status"] == 504:
                     metrics.refused("timeout")
             await send(message)

@@ -2,7 +2,9 @@
 
 What a team running the model needs to see and no engine reports: images answered at each exit, the
 operating point in use and its changes, the points requests were answered at, batch sizes, the engine's
-batch latency, the queue wait and the whole server-side latency of a request, and refusals by reason.
+batch latency, the queue wait and the whole server-side latency of a request, refusals by reason, and for
+requests with a deadline (admission, :mod:`pipeline.serving.admission`): the answers in time (goodput) and
+late, and the measured latency over the predicted one.
 
 LitServe answers HTTP in one process (or several) and runs the engine in another, so the metrics use
 ``prometheus_client``'s multiprocess mode: :func:`enable_multiprocess` points ``PROMETHEUS_MULTIPROC_DIR``
@@ -24,9 +26,12 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 PREFIX = "cascade"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0)  # measured / predicted
 REASONS = {400: "bad_request", 408: "body_timeout", 411: "length_required", 413: "too_large",
-           415: "unsupported_media_type", 503: "overloaded", 504: "timeout"}
+           415: "unsupported_media_type", 429: "deadline", 503: "overloaded", 504: "timeout"}
 BUDGET = "budget"  # a request's budget that no operating point meets (or names no point)
+DEADLINE = "deadline"  # refused at admission: predicted to miss its deadline even at the fallback point
+EXPIRED = "expired"  # admitted, but past its deadline before its batch: dropped before the engine
 
 
 def reason_of(status: int) -> str:
@@ -84,6 +89,12 @@ class ServingMetrics:
                                        "batch's start", buckets=LATENCY_BUCKETS, **kw)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "From the request's arrival to its answer's start "
                                  "(server side), by status", ["status"], buckets=LATENCY_BUCKETS, **kw)
+        self.goodput = Counter(f"{PREFIX}_goodput", "Answers (200) delivered within their deadline (requests "
+                               "with one: their own or the p99 target)", **kw)
+        self.late = Counter(f"{PREFIX}_late_answers", "Answers (200) delivered past their deadline", **kw)
+        self.prediction = Histogram(f"{PREFIX}_admission_latency_ratio", "Measured server-side latency over "
+                                    "the latency admission predicted, per answered request with a prediction",
+                                    buckets=RATIO_BUCKETS, **kw)
 
     def answered(self, exits: Sequence[int], point: str) -> None:
         """One request's answer: its images' exits (1-based) and the point that served it."""
@@ -112,3 +123,12 @@ class ServingMetrics:
 
     def responded(self, status: int, seconds: float) -> None:
         self.latency.labels(status=str(status)).observe(max(0.0, seconds))
+
+    def deadline(self, status: int, seconds: float, deadline_s: float | None, predicted_s: float | None) -> None:
+        """An answer to a request with a deadline: in time or late (200 only), and how far the prediction
+        admission made was off (measured / predicted)."""
+        if status != 200 or deadline_s is None:
+            return
+        (self.goodput if seconds <= deadline_s else self.late).inc()
+        if predicted_s:
+            self.prediction.observe(max(0.0, seconds) / predicted_s)

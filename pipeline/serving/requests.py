@@ -42,7 +42,10 @@ RAW_KEY = "image"  # what the guard wraps a raw image body into: {"image": "<bas
 MAX_LISTED = 10
 BUDGET_KEY = "budget"  # a request's cost ceiling: MACs per image, or an operating point's name
 BUDGET_HEADER = "x-cascade-budget"  # the same as a header (the JSON field wins where both are given)
-STAMP_KEY = "_cascade"  # what the guard adds to a request: {"arrived": monotonic seconds, "budget": header}
+DEADLINE_KEY = "deadline_ms"  # a request's deadline: ms from its arrival to its answer (admission, 429)
+DEADLINE_HEADER = "x-deadline-ms"  # the same as a header (the JSON field wins where both are given)
+STAMP_KEY = "_cascade"  # what the guard adds to a request: {"arrived": monotonic seconds, "budget": header,
+# "deadline_ms": the deadline the guard admitted it under}
 MAX_NAME = 64
 
 
@@ -219,6 +222,47 @@ def request_budget(payload: Any) -> str | float | None:
     return parse_budget(payload[BUDGET_KEY] if BUDGET_KEY in payload else stamp.get("budget"))
 
 
+def parse_deadline(value: Any) -> float | None:
+    """A request's deadline in ms: None (none asked) or a finite number > 0 (a string that reads as one);
+    a BadRequest naming what is wrong with it."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise BadRequest(f"deadline {value[:MAX_NAME]!r}: give milliseconds, a number > 0") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise BadRequest(f"deadline {value!r}: milliseconds must be a finite number > 0")
+    return float(value)
+
+
+def request_deadline(payload: Any, header: str | None = None) -> float | None:
+    """The deadline (ms) a request asks for: its JSON field, else ``header`` (``X-Deadline-Ms``), else the
+    one the guard stamped into it."""
+    if isinstance(payload, dict) and DEADLINE_KEY in payload:
+        return parse_deadline(payload[DEADLINE_KEY])
+    if header is not None:
+        return parse_deadline(header)
+    stamp = payload.get(STAMP_KEY) if isinstance(payload, dict) else None
+    return parse_deadline(stamp.get(DEADLINE_KEY)) if isinstance(stamp, dict) else None
+
+
+def image_count(payload: Any) -> int:
+    """How many images a parsed request holds, as far as its shape says before decoding (1 when unsure:
+    the decoder names what is wrong)."""
+    if not isinstance(payload, dict):
+        return 1
+    if isinstance(payload.get("images"), list):
+        return max(1, len(payload["images"]))
+    split = payload.get("dataframe_split")
+    if isinstance(split, dict) and isinstance(split.get("data"), list):
+        return max(1, len(split["data"]))
+    if isinstance(payload.get("dataframe_records"), list):
+        return max(1, len(payload["dataframe_records"]))
+    return 1
+
+
 def arrival(payload: Any) -> float | None:
     """When the guard received the request (``time.monotonic()``, one clock for every process), or None."""
     stamp = payload.get(STAMP_KEY) if isinstance(payload, dict) else None
@@ -226,13 +270,14 @@ def arrival(payload: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def stamped(body: bytes, arrived: float, budget: str | None) -> bytes:
+def stamped(body: bytes, arrived: float, budget: str | None, deadline_ms: float | None = None) -> bytes:
     """A JSON object body with the guard's stamp added as its last key (so it wins over a client's key of
     the same name); any other body unchanged. The body was parsed already: no second parse here."""
     text = body.rstrip()
     if not text.endswith(b"}"):
         return body
     inner = text[:-1].rstrip()
-    stamp = json.dumps({"arrived": arrived, **({"budget": budget} if budget is not None else {})})
+    stamp = json.dumps({"arrived": arrived, **({"budget": budget} if budget is not None else {}),
+                        **({DEADLINE_KEY: deadline_ms} if deadline_ms is not None else {})})
     sep = b"" if inner.lstrip().endswith(b"{") else b","
     return inner + sep + f'"{STAMP_KEY}":{stamp}}}'.encode()

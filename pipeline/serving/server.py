@@ -33,10 +33,11 @@ import litserve as ls
 import numpy as np
 
 from pipeline.routing.operating_points import OperatingPoint, choose_point
+from pipeline.serving.admission import Outlook, ServiceEstimates, fallback_point, shed_note
 from pipeline.serving.controller import ControlConfig, LatencyController
 from pipeline.serving.engines import freeze_heap
 from pipeline.serving.limits import PREDICT_PATH, ServeLimits
-from pipeline.serving.requests import BadRequest, arrival, decode_payload, request_budget
+from pipeline.serving.requests import BadRequest, arrival, decode_payload, request_budget, request_deadline
 
 DEFAULT_PORT = 8000
 DEFAULT_MAX_BATCH = 64
@@ -74,11 +75,15 @@ class ServeConfig:
             raise ValueError(f"p99_ms must be > 0 and needs the early exits (not --static), got {self.p99_ms}")
 
 
-class Refused:
-    """A request's refusal, carried through the batch to its own answer (picklable)."""
+STATIC = "static"  # the name batch times are kept under on the static path (no operating point)
 
-    def __init__(self, status: int, message: str) -> None:
-        self.status, self.message = status, message
+
+class Refused:
+    """A request's refusal, carried through the batch to its own answer (picklable); ``retry_after``:
+    seconds for a ``Retry-After`` header (None: none)."""
+
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
+        self.status, self.message, self.retry_after = status, message, retry_after
 
 
 @dataclass(frozen=True)
@@ -121,10 +126,11 @@ def answer_batch(engine: Any, inputs: list[Job | Refused], current: OperatingPoi
 class CascadeAPI(ls.LitAPI):
     """One engine per worker; requests decoded one by one, batched, answered one by one."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, outlook: str | None = None) -> None:
         super().__init__(max_batch_size=config.max_batch_size, batch_timeout=config.batch_timeout,
                          api_path=PREDICT_PATH)
         self.config = config
+        self.outlook_path = outlook  # where the batch times are published for admission (None: kept here)
 
     def setup(self, device: Any) -> None:
         from pipeline.serving.engines import load_engine
@@ -139,6 +145,16 @@ class CascadeAPI(ls.LitAPI):
         self.last_end = -math.inf  # when the engine last finished a batch
         if self.config.p99_ms is not None:
             self.control = latency_controller(self.engine.points, self.config.p99_ms)
+        self.estimates = ServiceEstimates()  # batch times per point and size, for admission
+        self.costs = {p.name: p.mean_macs for p in self.engine.points}
+        self.outlook_file = None
+        if self.outlook_path:
+            from pipeline.serving.outlook import OutlookFile
+
+            self.outlook_file = OutlookFile(self.outlook_path)
+        from pipeline.serving.stopping import quiet_worker
+
+        quiet_worker()  # Ctrl-C reaches this process too: the server stops it once the answers are out
         freeze_heap()  # this worker is spawned: its own heap, loaded now
 
     def _follow(self, index: int | None) -> None:
@@ -160,14 +176,32 @@ class CascadeAPI(ls.LitAPI):
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
 
+    def _expired(self, payload: Any) -> Refused | None:
+        """A refusal for a request already past its deadline (its own, else the target) before its batch:
+        answering it late would only take engine time from the requests that can still be in time."""
+        deadline = request_deadline(payload)
+        deadline = self.config.p99_ms if deadline is None else deadline
+        arrived = arrival(payload)
+        if deadline is None or arrived is None:
+            return None
+        waited = 1e3 * (time.monotonic() - arrived)
+        if waited <= deadline:
+            return None
+        return Refused(429, f"waited {waited:.1f} ms for its batch, past its deadline of {deadline:g} ms: "
+                            f"dropped before the engine", retry_after=1)
+
     def decode_request(self, request) -> Job | Refused:  # unannotated: LitServe passes the JSON
-        from pipeline.serving.metrics import BUDGET, reason_of
+        from pipeline.serving.metrics import BUDGET, EXPIRED, reason_of
 
         try:
             point = self._point(request)
+            late = self._expired(request)
         except BadRequest as exc:
             self.metrics.refused(BUDGET)
             return Refused(exc.status, str(exc))
+        if late is not None:
+            self.metrics.refused(EXPIRED)
+            return late
         try:
             return Job(decode_payload(request, self.engine.image_shape, self.config.limits), point, arrival(request))
         except BadRequest as exc:
@@ -187,11 +221,36 @@ class CascadeAPI(ls.LitAPI):
         arrivals = [j.arrived for j in jobs if j.arrived is not None]
         images = sum(len(j.images) for j in jobs)
         self.metrics.batch(len(jobs), images, end - start, [start - a for a in arrivals])
+        outside = max(0.0, start - max(self.last_end, min(arrivals, default=start)))
+        if jobs:
+            self.estimates.observe(self._served_at(jobs), images, end - start + outside)
         if self.control is not None:
-            outside = max(0.0, start - max(self.last_end, min(arrivals, default=start)))
             self._follow(self.control.observe(end, end - start, arrivals, images, outside))
         self.last_end = end
+        self._publish(end)
         return out
+
+    def _served_at(self, jobs: list[Job]) -> str:
+        """The point that answered most of a batch's images (whose batch time it is kept under)."""
+        if not self.config.exits:
+            return STATIC
+        counts: dict[str, int] = {}
+        for job in jobs:
+            name = (job.point or self.current).name
+            counts[name] = counts.get(name, 0) + len(job.images)
+        return max(counts, key=counts.__getitem__)
+
+    def _publish(self, now: float) -> None:
+        """Share the batch times with the HTTP fronts, which admit requests by deadline."""
+        if self.outlook_file is None:
+            return
+        point = fallback_point(self.engine.points, self.current, self.control is not None).name
+        outlook = Outlook(self.estimates, point if self.config.exits else STATIC, self.costs,
+                          self.config.max_batch_size)
+        try:
+            self.outlook_file.write(outlook, now)
+        except OSError:
+            pass  # the folder went (the server is stopping): admission reads the last outlook
 
     def unbatch(self, outputs: list[Any]) -> list[Any]:
         return outputs
@@ -206,8 +265,9 @@ class CascadeAPI(ls.LitAPI):
 
             from pipeline.serving.guard import error_body
 
+            headers = {"Retry-After": str(output.retry_after)} if output.retry_after is not None else None
             return Response(error_body(output.status, output.message), status_code=output.status,
-                            media_type="application/json")
+                            media_type="application/json", headers=headers)
         raise TypeError(f"no answer for {type(output).__name__}")
 
 
@@ -220,14 +280,19 @@ def latency_controller(points: Sequence[OperatingPoint], p99_ms: float) -> Laten
 
 
 def build_server(config: ServeConfig) -> Any:
-    """A LitServer for ``config`` (not started): the API, the guard middleware, LitServe's timeout."""
+    """A LitServer for ``config`` (not started): the API, the guard middleware (limits and admission),
+    LitServe's timeout; it stops cleanly on SIGTERM and Ctrl-C (:mod:`pipeline.serving.stopping`)."""
     from pipeline.serving.guard import GuardMiddleware
+    from pipeline.serving.outlook import outlook_path
+    from pipeline.serving.stopping import StoppableServer
 
-    api = CascadeAPI(config)
-    server = ls.LitServer(api, accelerator="cpu", workers_per_device=1, timeout=config.limits.timeout,
-                          middlewares=[(GuardMiddleware, {"limits": config.limits, "record": True})],
-                          model_metadata={"engine": config.engine, "model": os.fspath(config.model_dir),
-                                          "exits": config.exits})
+    outlook = outlook_path()  # the metrics folder serve() set: shared by the fronts and the engine's process
+    api = CascadeAPI(config, outlook)
+    guard = {"limits": config.limits, "record": True, "target_ms": config.p99_ms, "outlook": outlook}
+    server = StoppableServer(api, accelerator="cpu", workers_per_device=1, timeout=config.limits.timeout,
+                             middlewares=[(GuardMiddleware, guard)],
+                             model_metadata={"engine": config.engine, "model": os.fspath(config.model_dir),
+                                             "exits": config.exits})
     server.app.add_api_route("/metrics", _metrics_endpoint, methods=["GET"], include_in_schema=False)
     return server
 
@@ -241,21 +306,32 @@ def _metrics_endpoint() -> Any:
     return Response(body, media_type=content_type)
 
 
-def serve(config: ServeConfig) -> None:
-    """Start serving ``config`` and block until interrupted."""
+def start_line(config: ServeConfig, points: Sequence[OperatingPoint] = ()) -> str:
+    """What ``cascade serve`` prints as it starts (``points``: the model's, for the shed-only note)."""
+    target = ""
+    if config.p99_ms:
+        note = shed_note(points)
+        target = f"; p99 target {config.p99_ms:g} ms{f' ({note})' if note else ''}"
+    return (f"cascade serve: http://{config.host}:{config.port}{PREDICT_PATH} ({config.engine} engine, "
+            f"batches of up to {config.max_batch_size} requests, wait {config.batch_timeout * 1e3:g} ms; "
+            f"{'early exits' if config.exits else 'static path: no early exit'}{target}; metrics on /metrics)")
+
+
+def serve(config: ServeConfig, points: Sequence[OperatingPoint] = ()) -> None:
+    """Start serving ``config`` and block until SIGTERM or Ctrl-C, then stop cleanly: no new connection,
+    the requests in flight answered, the processes ended (:mod:`pipeline.serving.stopping`)."""
     from pipeline.serving.metrics import ENV, enable_multiprocess
+    from pipeline.serving.stopping import stopping_on_signals
 
     owned = os.environ.get(ENV) is None
     folder = enable_multiprocess()  # before any process imports prometheus_client: one folder for all of them
     server = build_server(config)
     freeze_heap()  # before LitServe forks its HTTP processes: they inherit the frozen heap
-    print(f"cascade serve: http://{config.host}:{config.port}{PREDICT_PATH} ({config.engine} engine, "
-          f"batches of up to {config.max_batch_size} requests, wait {config.batch_timeout * 1e3:g} ms; "
-          f"{'early exits' if config.exits else 'static path: no early exit'}"
-          f"{f'; p99 target {config.p99_ms:g} ms' if config.p99_ms else ''}; metrics on /metrics)", flush=True)
+    print(start_line(config, points), flush=True)
     try:
-        server.run(host=config.host, port=config.port, num_api_servers=config.api_servers,
-                   generate_client_file=False, log_level="warning")
+        with stopping_on_signals(server):
+            server.run(host=config.host, port=config.port, num_api_servers=config.api_servers,
+                       generate_client_file=False, log_level="warning")
     finally:
         if owned:
             shutil.rmtree(folder, ignore_errors=True)

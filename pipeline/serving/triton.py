@@ -58,15 +58,26 @@ def installed(home: Path) -> tuple[Path, Path]:
     return binary, env_bin
 
 
+def queue_policy(p99_ms: float | None) -> str:
+    """The batcher's ``default_queue_policy`` for a p99 target: a request still queued after ``p99_ms`` is
+    rejected (Triton answers it with an error at once rather than late), and a request may set its own
+    timeout (KServe v2 parameter ``timeout``, microseconds). '' without a target."""
+    if p99_ms is None:
+        return ""
+    return (" default_queue_policy { timeout_action: REJECT default_timeout_microseconds: "
+            f"{max(1, round(p99_ms * 1e3))} allow_timeout_override: true }}")
+
+
 def model_config(max_batch_size: int, queue_delay_us: int, limits: ServeLimits, exits: bool,
-                 threads: int = 1) -> str:
+                 threads: int = 1, p99_ms: float | None = None) -> str:
     """The model's ``config.pbtxt``: the batcher (size cap, wait) and the backend's settings (the export
     is ``ONNX_DIR`` of the model's folder: :func:`write_repository` puts it there).
 
-    No ``default_queue_policy``: in Triton 2.51 any queue policy (a size bound, a timeout, or both)
-    took the batcher to about 300 requests/s with a p99 of 530 ms at 64 clients, against about 3,000
-    and 40 ms without (docs/RESULTS.md "Serving"), so ``limits.max_queue`` and ``limits.timeout`` are
-    not applied here: a flood waits in Triton's queue instead of getting a 503."""
+    No ``default_queue_policy`` unless a p99 target is given (:func:`queue_policy`): in Triton 2.51 any
+    queue policy (a size bound, a timeout, or both) took the batcher to about 300 requests/s with a p99
+    of 530 ms at 64 clients, against about 3,000 and 40 ms without (docs/RESULTS.md "Serving"), so
+    ``limits.max_queue`` and ``limits.timeout`` are not applied here: a flood waits in Triton's queue
+    instead of getting a 503. A target asks for the timeout at that measured cost."""
     settings = {"onnx_dir": ONNX_DIR, "exits": "1" if exits else "0", "threads": str(threads),
                 "max_images": str(limits.max_images), "max_pixels": str(limits.max_pixels),
                 "max_request_pixels": str(limits.max_request_pixels)}
@@ -78,7 +89,7 @@ backend: "python"
 max_batch_size: {max_batch_size}
 input [ {{ name: "image", data_type: TYPE_STRING, dims: [ 1 ] }} ]
 output [ {", ".join(f'{{ name: "{n}", data_type: {t}, dims: [ 1 ] }}' for n, t in outputs)} ]
-dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us} }}
+dynamic_batching {{ max_queue_delay_microseconds: {queue_delay_us}{queue_policy(p99_ms)} }}
 instance_group [ {{ kind: KIND_CPU, count: 1 }} ]
 {params}
 """
@@ -140,24 +151,26 @@ def batch_cap(max_batch_size: int, limits: ServeLimits) -> int:
 
 
 def repository_for(onnx_dir: Path, out: Path, max_batch_size: int, queue_delay_us: int, limits: ServeLimits,
-                   exits: bool) -> Path:
+                   exits: bool, p99_ms: float | None = None) -> Path:
     """:func:`write_repository` with the model config of these serve settings (what ``cascade serve
     --server triton`` serves, and what ``--repository`` writes for a container)."""
-    config = model_config(batch_cap(max_batch_size, limits), queue_delay_us, limits, exits)
+    config = model_config(batch_cap(max_batch_size, limits), queue_delay_us, limits, exits, p99_ms=p99_ms)
     return write_repository(out, config, onnx_dir)
 
 
 def run_triton(onnx_dir: Path, scratch: Path, host: str, port: int, max_batch_size: int, queue_delay_us: int,
-               limits: ServeLimits, exits: bool) -> int:
+               limits: ServeLimits, exits: bool, p99_ms: float | None = None) -> int:
     """Serve until interrupted; returns the server's exit status."""
     home = triton_home()
     binary, env_bin = installed(home)
     cap = batch_cap(max_batch_size, limits)
     repository = repository_for(onnx_dir, scratch / "triton-repository", max_batch_size, queue_delay_us, limits,
-                                exits)
+                                exits, p99_ms)
     print(f"cascade serve: http://{host}:{port}{INFER_PATH} (Triton Inference Server, ONNX Runtime engine, "
           f"batches of up to {cap} images, wait {queue_delay_us / 1e3:g} ms; "
-          f"{'early exits' if exits else 'static path: no early exit'}; ready at {READY_PATH})", flush=True)
+          f"{'early exits' if exits else 'static path: no early exit'}"
+          f"{f'; queue timeout {p99_ms:g} ms (the p99 target: rejected past it)' if p99_ms else ''}; "
+          f"ready at {READY_PATH})", flush=True)
     process = subprocess.Popen(command(binary, home, repository, host, port), env=environment(home, env_bin))
     try:
         return process.wait()

@@ -43,6 +43,22 @@ def test_what_is_recorded_is_what_is_exposed() -> None:
     assert got[("cascade_request_seconds_count", (("status", "200"),))] == 1
 
 
+def test_deadlines_met_missed_and_the_predictions_error() -> None:
+    registry = CollectorRegistry()
+    m = ServingMetrics(registry)
+    m.deadline(200, 0.05, 0.1, 0.04)  # in time; measured 1.25x the prediction
+    m.deadline(200, 0.2, 0.1, None)  # late; nothing was predicted
+    m.deadline(400, 0.01, 0.1, 0.01)  # not an answer: neither
+    m.deadline(200, 0.01, None, None)  # no deadline: neither
+    got = samples(registry)
+    assert got[("cascade_goodput_total", ())] == 1 and got[("cascade_late_answers_total", ())] == 1
+    assert got[("cascade_admission_latency_ratio_count", ())] == 1
+    assert got[("cascade_admission_latency_ratio_sum", ())] == pytest.approx(1.25)
+    assert got[("cascade_admission_latency_ratio_bucket", (("le", "1.1"),))] == 0
+    assert got[("cascade_admission_latency_ratio_bucket", (("le", "1.25"),))] == 1
+    assert reason_of(429) == "deadline"
+
+
 def test_the_metrics_folder_must_come_before_prometheus_client(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     assert "prometheus_client" in sys.modules  # imported by this test module: too late to share a folder

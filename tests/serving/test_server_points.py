@@ -94,15 +94,15 @@ def test_budgets_pick_points_and_metrics_count_the_answers(served: int, points_m
     assert got[("cascade_request_seconds_count", (("status", "400"),))] == 3
 
 
-def test_a_p99_target_needs_points_the_exits_and_litserve(tiny_model: Path, points_model: Path,
+def test_a_p99_target_needs_points_and_the_exits(tiny_model: Path, points_model: Path,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     from pipeline.cli import main
 
     assert main(["serve", "--model", str(tiny_model), "--engine", "torch", "--p99-ms", "50"]) == 2
     assert "needs a model carrying two or more operating points" in capsys.readouterr().err
-    for extra in (["--static"], ["--server", "triton"]):
-        assert main(["serve", "--model", str(points_model), "--p99-ms", "50", *extra]) == 2
-        assert "--p99-ms runs on LitServe with the early exits" in capsys.readouterr().err
+    assert main(["serve", "--model", str(points_model), "--p99-ms", "50", "--static"]) == 2
+    assert "--p99-ms needs the early exits" in capsys.readouterr().err
+    # Triton takes the target as its queue timeout only (tests/serving/test_triton.py): no points needed
 
 
 def test_the_server_follows_its_controller(points_model: Path) -> None:

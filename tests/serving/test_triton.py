@@ -100,6 +100,16 @@ def test_the_model_config_carries_the_batcher_and_the_settings() -> None:
     assert f'key: "onnx_dir" value: {{ string_value: "{ONNX_DIR}" }}' in text  # inside the model's folder
 
 
+def test_a_p99_target_sets_the_batchers_queue_timeout_and_lets_a_request_override_it() -> None:
+    text = model_config(32, 250, ServeLimits(), exits=True, p99_ms=80.5)
+    batcher = re.search(r"dynamic_batching \{(.*)\}\n", text)
+    assert batcher is not None
+    assert re.fullmatch(r" max_queue_delay_microseconds: 250 default_queue_policy \{ timeout_action: REJECT "
+                        r"default_timeout_microseconds: 80500 allow_timeout_override: true \} ", batcher.group(1))
+    assert text.count("{") == text.count("}")  # the protobuf text stays balanced
+    assert "queue_policy" not in model_config(32, 250, ServeLimits(), exits=True)  # no target: none, as measured
+
+
 def test_the_export_is_found_inside_the_model_folder_unless_absolute(tmp_path: Path) -> None:
     assert onnx_path("onnx", "/models/cascade") == "/models/cascade/onnx"
     assert onnx_path(str(tmp_path), "/models/cascade") == str(tmp_path)
@@ -210,4 +220,28 @@ def test_cascade_serve_writes_the_repository_for_a_triton_container_and_exits(
     assert "wrote Triton's model repository" in capsys.readouterr().out
     config = (out / MODEL_NAME / "config.pbtxt").read_text()
     assert f"max_batch_size: {ServeLimits().max_images}" in config  # the cap is at least --max-images
+    assert "queue_policy" not in config
+    assert main([*args, "--server", "triton", "--p99-ms", "120"]) == 0  # a target: Triton's queue timeout
+    assert "default_timeout_microseconds: 120000" in (out / MODEL_NAME / "config.pbtxt").read_text()
+    capsys.readouterr()
     assert (out / MODEL_NAME / ONNX_DIR / "manifest.json").is_file()  # exported from the torch model
+
+
+def test_triton_with_a_target_rejects_what_outwaits_its_queue_timeout(tiny_model: Path, tmp_path: Path) -> None:
+    """Triton reads the queue policy --p99-ms writes, and a request's own timeout (KServe v2 parameter
+    ``timeout``, microseconds; allow_timeout_override) that its queueing outlasts is rejected, not served late."""
+    from bench.serving import served
+
+    try:
+        installed(triton_home())
+    except TritonMissing as exc:
+        pytest.skip(str(exc))
+    image = base64.b64encode(png(uint8_images(1, seed=5)[0, 0])).decode()
+    with served(str(tiny_model), "onnx", False, tmp_path / "serve.log", timeout=120, extra=("--p99-ms", "2000"),
+                server="triton") as port:
+        assert post(port, infer_body([png(uint8_images(1, seed=5)[0, 0])]))[0] == 200  # within 2 s: served
+        body = json.loads(infer_body([b""]))
+        body["inputs"][0]["data"] = [image]
+        body["parameters"] = {"timeout": 1}  # 1 us: the batcher's own wait (0.5 ms) outlasts it
+        status, answer = post(port, json.dumps(body).encode())
+    assert status == 503 and "timeout" in answer["error"].lower()
