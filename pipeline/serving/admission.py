@@ -137,6 +137,26 @@ def predict_seconds(outlook: Outlook, ahead_requests: int, ahead_images: int, ow
     return None if seconds is None else batches * seconds
 
 
+@dataclass
+class Correction:
+    """A running factor on the batch-time prediction, learnt from the answers' measured latency (the HTTP
+    process's own work, LitServe's queues and a busy host are not in the batches' times: measured with
+    `hey`, 64 clients, they were three quarters of an answer's latency, docs/DESIGN.md 'Serving')."""
+
+    factor: float = 1.0
+    alpha: float = 0.05  # a new answer's weight: the factor follows a change within ~50 answers
+    bounds: tuple[float, float] = (0.25, 20.0)  # one odd answer (a pause of the host) moves it by little
+
+    def update(self, measured_s: float, predicted_s: float) -> None:
+        """One answer measured ``measured_s`` against ``predicted_s`` (the corrected prediction it was
+        admitted on): the raw prediction's ratio moves the factor."""
+        if not (predicted_s > 0 and math.isfinite(measured_s)) or measured_s < 0:
+            return
+        low, high = self.bounds
+        ratio = min(high, max(low, self.factor * measured_s / predicted_s))
+        self.factor = (1 - self.alpha) * self.factor + self.alpha * ratio
+
+
 @dataclass(frozen=True)
 class Verdict:
     """Admit or refuse a request: its predicted seconds to an answer (None: not predicted), its deadline

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pipeline.serving.admission import Verdict, judge, predict_seconds, refusal
+from pipeline.serving.admission import Correction, Verdict, judge, predict_seconds, refusal
 from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, BadRequest, ServeLimits, check_headers, media_type
 from pipeline.serving.requests import (
     BUDGET_HEADER,
@@ -93,6 +93,7 @@ class GuardMiddleware:
         self.outlook = OutlookFile(outlook) if outlook else None  # the engine's process publishes it
         self.in_flight = 0
         self.images_in_flight = 0  # of the requests admitted and not yet answered
+        self.correction = Correction()  # the batch times' prediction against the answers' measured latency
         self.metrics = None
         if record:  # built in the HTTP process, after serve() set the metrics folder
             from pipeline.serving.metrics import ServingMetrics
@@ -179,6 +180,8 @@ class GuardMiddleware:
         outlook = self.outlook.read() if self.outlook is not None else None
         predicted = None if outlook is None else predict_seconds(outlook, self.in_flight - 1,
                                                                  self.images_in_flight, images)
+        if predicted is not None:
+            predicted *= self.correction.factor
         return judge(predicted, deadline_ms / 1e3, waited_s)
 
     async def _shed(self, send: Send, verdict: Verdict) -> None:
@@ -192,20 +195,24 @@ class GuardMiddleware:
         await _answer(send, 429, body["message"], body=json.dumps(body).encode(), retry_after=verdict.retry_after_s)
 
     def _timed(self, send: Send, arrived: float, verdict: Verdict | None = None) -> Send:
-        """``send``, recording the answer's status and server-side latency (and LitServe's 504 as a refusal),
-        and for a request with a deadline whether it was met and how far the prediction was off."""
-        if self.metrics is None:
-            return send
-        metrics = self.metrics
+        """``send``, learning the prediction's error from an answer admitted on one, and recording the
+        answer's status and server-side latency (and LitServe's 504 as a refusal) and, for a request with a
+        deadline, whether it was met and how far the prediction was off."""
         deadline_s, predicted_s = (verdict.deadline_s, verdict.predicted_s) if verdict else (None, None)
+        if self.metrics is None and predicted_s is None:
+            return send
+        metrics, correction = self.metrics, self.correction
 
         async def timed(message: Message) -> None:
             if message["type"] == "http.response.start":
                 seconds = time.monotonic() - arrived
-                metrics.responded(message["status"], seconds)
-                metrics.deadline(message["status"], seconds, deadline_s, predicted_s)
-                if message["status"] == 504:
-                    metrics.refused("timeout")
+                if predicted_s is not None and message["status"] == 200:
+                    correction.update(seconds, predicted_s)
+                if metrics is not None:
+                    metrics.responded(message["status"], seconds)
+                    metrics.deadline(message["status"], seconds, deadline_s, predicted_s)
+                    if message["status"] == 504:
+                        metrics.refused("timeout")
             await send(message)
 
         return timed

@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.routing.operating_points import OperatingPoint
 from pipeline.serving.admission import (
+    Correction,
     Outlook,
     ServiceEstimates,
     can_only_shed,
@@ -84,6 +85,23 @@ def test_a_request_is_refused_only_on_a_prediction_past_its_deadline() -> None:
     assert body["predicted_ms"] == 2300.0 and body["deadline_ms"] == 100.0 and body["retry_after_s"] == 3
     assert "predicted 2300 ms" in body["message"] and "deadline of 100 ms" in body["message"]
     assert "'exit1'" in body["message"]
+
+
+def test_the_correction_learns_how_far_the_batch_times_fall_short_of_an_answers_latency() -> None:
+    c = Correction(alpha=0.5)
+    c.update(0.040, 0.010)  # measured 4x the raw prediction
+    assert c.factor == pytest.approx(2.5)
+    c.update(0.040, 0.010 * c.factor)  # the next prediction was corrected: the raw ratio is still 4
+    assert c.factor == pytest.approx(3.25)
+    for _ in range(30):
+        c.update(0.040, 0.010 * c.factor)
+    assert c.factor == pytest.approx(4.0, rel=1e-3)
+    c.update(100.0, 0.010 * c.factor)  # one pause of the host: bounded
+    assert c.factor <= 0.5 * 4.0 + 0.5 * 20.0
+    before = c.factor
+    c.update(float("nan"), 0.01)
+    c.update(0.01, 0.0)
+    assert c.factor == before
 
 
 def test_the_fallback_is_the_cheapest_point_only_where_the_controller_can_move() -> None:

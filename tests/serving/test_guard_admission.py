@@ -122,6 +122,16 @@ def test_the_work_in_flight_ahead_counts_and_the_target_is_the_default_deadline(
     assert asyncio.run(burst()) == [200, 200, 429, 429]
 
 
+def test_answers_slower_than_predicted_raise_the_next_predictions(published: str) -> None:
+    app, registry = guard(Recorder(delay=0.2), published)  # answers take 200 ms; the batch times say 40
+    for _ in range(20):
+        assert call(app, b"{}", "application/json", {DEADLINE_HEADER: "5000"})[0] == 200
+    assert app.correction.factor > 2.5
+    status, answer, _ = call(app, b"{}", "application/json", {DEADLINE_HEADER: "100"})  # 40 ms raw: would fit
+    assert status == 429 and answer["predicted_ms"] > 100
+    assert samples(registry)[("cascade_admission_latency_ratio_bucket", (("le", "1.0"),))] == 0  # all slower
+
+
 async def _one(app: Any, body: bytes) -> int:
     out: dict[str, Any] = {}
     scope = {"type": "http", "method": "POST", "path": "/invocations",
