@@ -25,7 +25,6 @@ import base64
 import binascii
 import math
 import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,21 +51,19 @@ MAX_REQUEST_PIXELS = 4 * 4096 * 4096
 MAX_ROW_ERRORS = 10  # bad rows a refusal lists one by one; the rest are counted
 
 
-def _decoders() -> tuple[Any, Any, Any]:
-    with warnings.catch_warnings():  # torchvision flags its decoders as deprecated in favour of torchcodec
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from torchvision.io import ImageReadMode, decode_image, encode_png
-    return ImageReadMode, decode_image, encode_png
-
-
 def encode_png(image: np.ndarray) -> bytes:
-    """uint8 (C, H, W) -> PNG bytes (for input examples and clients)."""
-    import torch
+    """uint8 (C, H, W) with C in {1, 3} -> PNG bytes (for input examples and clients). Pillow, not
+    torchvision: importing torchvision pulls in ``torch._dynamo``, 1.5 s of the register stage's
+    process for its one input example (docs/RESULTS.md "Where the quick command's time goes")."""
+    import io
 
-    _, _, encode = _decoders()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return encode(torch.from_numpy(np.ascontiguousarray(image))).numpy().tobytes()
+    from PIL import Image
+
+    pixels = np.ascontiguousarray(image, dtype=np.uint8)
+    picture = Image.fromarray(pixels[0] if pixels.shape[0] == 1 else pixels.transpose(1, 2, 0))
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def _fit(image: np.ndarray, shape: Sequence[int]) -> np.ndarray:

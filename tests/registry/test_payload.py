@@ -33,3 +33,26 @@ def test_the_pixel_budget_counts_both_forms_and_admits_what_fits() -> None:
     with pytest.raises(ValueError, match="declare 1,568 pixels in all"):
         decode_payload(frame, (1, 28, 28), max_request_pixels=1000)
     assert MAX_REQUEST_PIXELS >= 4096 * 4096  # one image at the per-image limit always fits
+
+
+def test_the_input_example_is_encoded_losslessly_without_torch() -> None:
+    """register's input example (``image_frame``) is PNG that decodes to the very pixels, grey and colour,
+    and encoding it imports neither torch nor torchvision (which pulls in torch._dynamo: seconds)."""
+    import io
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for shape in ((1, 16, 16), (3, 20, 13)):
+        pixels = rng.integers(0, 256, shape, dtype=np.uint8)
+        back = np.asarray(Image.open(io.BytesIO(encode_png(pixels))))
+        assert np.array_equal(back[None] if back.ndim == 2 else back.transpose(2, 0, 1), pixels)
+    probe = ("import sys, numpy as np\nfrom pipeline.registry.payload import image_frame\n"
+             "image_frame(np.zeros((2, 3, 8, 8), dtype=np.uint8))\n"
+             "print(sorted(m for m in ('torch', 'torchvision') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

@@ -41,3 +41,30 @@ def test_a_series_lands_as_each_step_logged_alone(tmp_path: Path, monkeypatch: p
     assert a == [(step, step / 7) for step in range(0, 1300, 2)]  # 1,300 metrics: two requests
     assert c == [(step, float(-step)) for step in range(0, 1300, 2)]
     assert "note" not in client.get_run(run_id).data.metrics
+
+
+def test_a_stage_run_opens_no_registry_store_yet_creates_its_tables(tmp_path: Path) -> None:
+    """A stage run pays for the tracking store only; the tables it creates on a new store include the
+    registry's, so the register stage's registry store, opened later, finds them all."""
+    import subprocess
+    import sys
+
+    probe = ("import sqlite3, sys\n"
+             "from pipeline.registry.tracking import registry_lock, stage_run\n"
+             f"root = {str(tmp_path)!r}\n"
+             "with stage_run('probe', experiment='e', root=root):\n"
+             "    pass\n"
+             "print('registry store loaded:', 'mlflow.store.model_registry.sqlalchemy_store' in sys.modules)\n"
+             "names = lambda: {r[0] for r in sqlite3.connect(root + '/mlflow.db').execute(\n"
+             "    \"select name from sqlite_master where type='table'\")}\n"
+             "before = names()\n"
+             "print('registry tables:', {'registered_models', 'model_versions'} <= before)\n"
+             "with registry_lock(root):\n"
+             "    pass\n"
+             "print('registry store loaded:', 'mlflow.store.model_registry.sqlalchemy_store' in sys.modules)\n"
+             "print('tables added:', sorted(names() - before))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "MLFLOW_TRACKING_URI"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2], env=env,
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["registry store loaded: False", "registry tables: True", "registry store loaded: True",
+                   "tables added: []"]
