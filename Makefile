@@ -14,12 +14,13 @@ setup:
 
 # `make repro PROFILE=quick DATA=imagefolder:/path/to/images`: the pipeline as a DVC experiment with a
 # profile's settings (profiles/<name>.yaml) and your own data (python -m pipeline.profiles --help).
+# Plain `make repro` is `dvc repro` (its caching and exit status), after the same params check, with the
+# same per-stage progress lines.
 PROFILE ?=
 DATA ?=
 repro: setup
 ifeq ($(PROFILE)$(DATA),)
-	python -m pipeline.check_params --params params.yaml
-	dvc repro
+	python -m pipeline.profiles --repro
 else
 	python -m pipeline.profiles $(if $(PROFILE),--profile $(PROFILE)) $(if $(DATA),--data '$(DATA)')
 endif

@@ -2,6 +2,7 @@
 experiment with a profile's settings (``profiles/<name>.yaml``) and, optionally, your own data source,
 in one command (``make repro PROFILE=quick DATA=imagefolder:/path/to/images``), with a progress line
 per stage (which one, elapsed, and what is left, estimated from this run's last time here).
+``--repro`` runs plain ``dvc repro`` on ``params.yaml`` as it is (``make repro``), with the same lines.
 
 The settings become ``dvc exp run -S key=value`` overrides, so DVC records them with the experiment
 and writes them into ``params.yaml`` the way it always does (its comments kept); ``dvc exp show``
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -65,24 +68,55 @@ def profile_overlay(profile: str | None, data: str | None, root: Path = Path("."
     return overlay
 
 
-def command(overlay: Mapping[str, Any], base: Mapping[str, Any], extra: list[str]) -> list[str]:
+def command(overlay: Mapping[str, Any], base: Mapping[str, Any], extra: list[str], repro: bool = False) -> list[str]:
+    """The DVC command line (``dvc`` first, resolved by :func:`find_dvc` when it runs): ``dvc repro``
+    for ``--repro``, else an experiment with the overlay's settings."""
+    if repro:
+        return ["dvc", "repro", *extra]
     return ["dvc", "exp", "run", *[arg for s in settings(overlay, base) for arg in ("-S", s)], *extra]
 
 
-def stage_names() -> list[str]:
+class DvcMissing(RuntimeError):
+    """No ``dvc`` executable beside this Python nor on PATH."""
+
+
+def find_dvc(python: str | None = None, path: str | None = None) -> str:
+    """The ``dvc`` to run: the one beside ``python`` (default: this Python) first, the virtualenv's, so
+    ``.venv/bin/python -m pipeline.profiles`` works with the virtualenv off PATH; else the first on
+    ``path`` (default: PATH)."""
+    python = python or sys.executable
+    beside = Path(python).parent / "dvc"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("dvc", path=path)
+    if found is None:
+        raise DvcMissing(f"no dvc beside {python} nor on PATH: run `make setup` (it installs DVC into .venv), "
+                         f"or put the virtualenv's bin on PATH (source .venv/bin/activate)")
+    return found
+
+
+def dvc_env(dvc: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment DVC runs in: ``dvc``'s folder first on PATH, so the stages' ``python -m stages.X``
+    (dvc.yaml) run with the same virtualenv's Python as DVC itself, activated or not."""
+    env = dict(os.environ if env is None else env)
+    env["PATH"] = os.pathsep.join([str(Path(dvc).parent), *filter(None, [env.get("PATH")])])
+    return env
+
+
+def stage_names(dvc: str = "dvc", env: Mapping[str, str] | None = None) -> list[str]:
     """Every stage of dvc.yaml in DVC's order (``dvc stage list``; empty if DVC cannot list them)."""
     try:
-        out = subprocess.run(["dvc", "stage", "list", "--name-only"], capture_output=True, text=True,
-                             check=False)
+        out = subprocess.run([dvc, "stage", "list", "--name-only"], capture_output=True, text=True,
+                             check=False, env=env)
     except OSError:
         return []
     return [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
 
 
-def run_with_progress(cmd: list[str], progress: StageProgress) -> int:
+def run_with_progress(cmd: list[str], progress: StageProgress, env: Mapping[str, str] | None = None) -> int:
     """Run ``cmd``, passing its output through unchanged, with a progress line after each line where
-    DVC starts a stage."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    DVC starts a stage; returns its exit status."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     assert proc.stdout is not None
     out, pending = sys.stdout.buffer, b""
     while chunk := proc.stdout.read1(65536):
@@ -146,6 +180,25 @@ def closing_lines(root: Path, merged: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def run_pipeline(cmd: list[str], kind: str, hint: str | None) -> int:
+    """Run the DVC command ``cmd`` with a progress line per stage; record the stages' seconds for the
+    next run of ``kind`` when it succeeds. Returns DVC's exit status (2 when no dvc is found)."""
+    try:
+        dvc = find_dvc()
+    except DvcMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+    env = dvc_env(dvc)
+    progress = StageProgress(stage_names(dvc, env), load_times(TIMES_FILE, kind), hint)
+    status = run_with_progress([dvc, *cmd[1:]], progress, env)
+    if status == 0:
+        save_times(TIMES_FILE, kind, progress.finish())
+    else:
+        verb = "dvc exp run" if cmd[1:2] == ["exp"] else "dvc repro"
+        print(f"error: {verb} failed (exit {status}); the failing stage's message is above", file=sys.stderr)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     known = ", ".join(sorted(q.stem for q in PROFILES.glob("*.yaml")))
     p = argparse.ArgumentParser(prog="python -m pipeline.profiles", description=__doc__.split("\n\n")[0],
@@ -155,9 +208,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="data.source: imagefolder:<dir>, idx:<dir>, fashion-mnist or digits "
                         "(default: params.yaml's)")
     p.add_argument("--params", type=Path, default=Path("params.yaml"))
+    p.add_argument("--repro", action="store_true",
+                   help="plain `dvc repro` on the params file as it is (make repro), not an experiment")
     p.add_argument("--dry-run", action="store_true", help="check and print the dvc command, run nothing")
-    p.add_argument("extra", nargs="*", help="more arguments for dvc exp run (after --), e.g. -n NAME")
+    p.add_argument("extra", nargs="*", help="more arguments for dvc exp run / dvc repro (after --), e.g. -n NAME")
     args = p.parse_args(argv)
+    if args.repro and (args.profile or args.data):
+        p.error("--repro runs params.yaml as it is: --profile and --data make an experiment (drop --repro)")
     try:
         overlay = profile_overlay(args.profile, args.data)
         base = load_params(args.params)
@@ -167,19 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return exit_codes.PARAMS
-    cmd = command(overlay, base, args.extra)
+    cmd = command(overlay, base, args.extra, repro=args.repro)
     print("running: " + " ".join(cmd), flush=True)
     if args.dry_run:
         return 0
-    kind = f"{args.profile or 'default'} | {merged['data']['source']}"
-    progress = StageProgress(stage_names(), load_times(TIMES_FILE, kind),
-                             FIRST_RUN_HINT.get(args.profile or "default"))
-    status = run_with_progress(cmd, progress)
-    if status == 0:
-        save_times(TIMES_FILE, kind, progress.finish())
+    status = run_pipeline(cmd, f"{args.profile or 'default'} | {merged['data']['source']}",
+                          FIRST_RUN_HINT.get(args.profile or "default"))
     if status != 0:
-        print(f"error: dvc exp run failed (exit {status}); the failing stage's message is above",
-              file=sys.stderr)
         return status
     print("\ndone. Outputs:")
     for what, where in WHERE:

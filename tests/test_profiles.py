@@ -95,3 +95,73 @@ def test_the_last_lines_give_the_verdict_and_the_way_back(tmp_path: Path) -> Non
     assert "replaced the committed results in this workspace (1 tracked files: params.yaml)" in lines[3]
     assert any("git checkout -- ." in line for line in lines)
     assert len(closing_lines(tmp_path, {"data": {"source": "fashion-mnist"}})) == 3  # the default: no note
+
+
+FAKE_DVC = """#!/bin/sh
+# A stand-in for dvc: lists two stages; `repro` runs the first, skips the second, says which PATH it saw.
+case "$1" in
+  stage) printf 'ingest\\ngrade\\n' ;;
+  repro) echo "Running stage 'ingest':"; echo "PATH=$PATH"; echo "Stage 'grade' didn't change, skipping";
+         exit "${FAKE_DVC_STATUS:-0}" ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+def _fake_dvc(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    dvc = folder / "dvc"
+    dvc.write_text(FAKE_DVC)
+    dvc.chmod(0o755)
+    return dvc
+
+
+def test_dvc_is_found_beside_this_python_then_on_path(tmp_path: Path) -> None:
+    from pipeline.profiles import DvcMissing, find_dvc
+
+    venv, elsewhere = tmp_path / "venv" / "bin", tmp_path / "elsewhere"
+    _fake_dvc(elsewhere)
+    assert find_dvc(str(venv / "python"), path=str(elsewhere)) == str(elsewhere / "dvc")  # none beside: PATH's
+    _fake_dvc(venv)
+    assert find_dvc(str(venv / "python"), path=str(elsewhere)) == str(venv / "dvc")  # beside wins
+    with pytest.raises(DvcMissing, match=r"run `make setup`.*or put the virtualenv's bin on PATH"):
+        find_dvc(str(tmp_path / "bare" / "python"), path=str(tmp_path / "empty"))
+
+
+def _pipeline_in(tmp_path: Path, monkeypatch, python_dir: Path) -> None:
+    """Run main() in ``tmp_path`` (its timing record lands there) as if this Python lived in
+    ``python_dir``, with a PATH that holds no dvc."""
+    import sys
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(python_dir / "python"))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+
+
+def test_without_dvc_the_run_stops_with_a_clear_error_not_a_traceback(tmp_path: Path, capsys, monkeypatch) -> None:
+    _pipeline_in(tmp_path, monkeypatch, tmp_path / "nowhere")
+    assert main(["--params", str(ROOT / "params.yaml"), "--repro"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no dvc beside ") and "make setup" in err and "Traceback" not in err
+
+
+def test_make_repro_runs_plain_dvc_repro_with_progress_lines(tmp_path: Path, capfd, monkeypatch) -> None:
+    """``--repro`` (make repro) runs ``dvc repro`` itself (no experiment), the virtualenv's dvc found beside
+    this Python and its folder first on the stages' PATH, with the quick command's progress lines; DVC's
+    exit status is the command's."""
+    venv = tmp_path / "venv" / "bin"
+    _fake_dvc(venv)
+    _pipeline_in(tmp_path, monkeypatch, venv)
+    assert main(["--params", str(ROOT / "params.yaml"), "--repro"]) == 0
+    out = capfd.readouterr().out
+    assert out.startswith("running: dvc repro\n")
+    assert "Running stage 'ingest':\n[stage 1/2 ingest] elapsed 0 s; no timing of this run here yet" in out
+    assert f"PATH={venv}{':'}/usr/bin:/bin\n" in out
+    assert "done. Outputs:" in out
+    assert (tmp_path / ".cache" / "stage_seconds.json").is_file()  # the next run's estimates
+    monkeypatch.setenv("FAKE_DVC_STATUS", "7")
+    assert main(["--params", str(ROOT / "params.yaml"), "--repro"]) == 7
+    out, err = capfd.readouterr()
+    assert "this stage took" in out and "error: dvc repro failed (exit 7)" in err
+    with pytest.raises(SystemExit):  # a profile makes an experiment, not a plain repro
+        main(["--repro", "--profile", "quick"])
