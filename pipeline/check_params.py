@@ -1,8 +1,8 @@
 """``python -m pipeline.check_params [--params params.yaml] [--overlay profiles/tiny.yaml ...]``: check the
 whole params file against :mod:`pipeline.params.schema` (every key, type, range; unknown keys) and
 print every problem, exit status 1; a data folder that does not exist is an error too. Prints ``ok``
-and exits 0 when the file is sound. ``make repro``
-runs it before ``dvc repro``."""
+and exits 0 when the file is sound. ``make repro`` runs the same check (``python -m pipeline.profiles
+--repro``) before ``dvc repro``."""
 
 from __future__ import annotations
 
