@@ -26,16 +26,34 @@ class DataError(ValueError):
     """Bad input data; the message names the offending file or item."""
 
 
+def _native_uint8_bilinear() -> bool:
+    """Whether torch resizes uint8 images bilinearly by itself on this CPU (AVX2/AVX-512, ARM), as
+    torchvision decides it; elsewhere they are resized in float32 and rounded."""
+    import platform
+
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or platform.machine() in ("aarch64", "arm64")
+
+
 def resize_batch(images: np.ndarray, size: int | tuple[int, int]) -> np.ndarray:
-    """Resize uint8 ``(N, C, H, W)`` images to ``size`` x ``size`` or ``(h, w)`` (bilinear, antialiased)."""
+    """Resize uint8 ``(N, C, H, W)`` images to ``size`` x ``size`` or ``(h, w)`` (bilinear, antialiased):
+    torchvision's ``transforms.v2.functional.resize`` to the bit (tests/data/test_decode.py compares
+    them), with torch alone, since importing torchvision pulls in ``torch._dynamo``, 1.8 s of every
+    ingest process (docs/RESULTS.md "Where the quick command's time goes")."""
     hw = (int(size), int(size)) if np.ndim(size) == 0 else (int(size[0]), int(size[1]))
     if tuple(images.shape[-2:]) == hw:
         return images
+    if images.shape[0] == 0:
+        return np.empty((0, images.shape[1], *hw), dtype=images.dtype)
     import torch
-    from torchvision.transforms.v2 import functional as F
+    from torch.nn.functional import interpolate
 
     batch = torch.from_numpy(np.ascontiguousarray(images))  # (N, C, H, W)
-    return F.resize(batch, list(hw), antialias=True).numpy()  # (N, C, h, w)
+    if _native_uint8_bilinear():
+        return interpolate(batch, size=list(hw), mode="bilinear", align_corners=False, antialias=True).numpy()
+    out = interpolate(batch.to(torch.float32), size=list(hw), mode="bilinear", align_corners=False, antialias=True)
+    return out.round_().to(torch.uint8).numpy()  # (N, C, h, w)
 
 
 # Pillow formats it opens but does not decode by itself: EPS runs the Ghostscript program on the

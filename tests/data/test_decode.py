@@ -75,3 +75,39 @@ def test_served_formats_stay_png_and_jpeg():
     grey = decode_image_bytes(encoded("PNG", (6, 6), mode="L"), 1, 6)
     assert grey.shape == (1, 6, 6) and (grey == 77).all()
     assert np.array_equal(decode_image_bytes(encoded("PNG", (6, 6), mode="L"), 1, 6, formats=FILE_FORMATS), grey)
+
+
+SHAPES = [((1, 1, 8, 8), 16), ((5, 3, 48, 31), 16), ((2, 1, 28, 28), (28, 14)), ((1, 3, 64, 64), 32),
+          ((3, 1, 17, 9), (40, 23)), ((0, 1, 8, 8), 4)]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_resizing_is_torchvisions_to_the_bit_without_importing_it(monkeypatch, native: bool) -> None:
+    """resize_batch gives torchvision's resize (bilinear, antialiased) exactly, up and down, grey and
+    colour, on the CPU's native uint8 path and on the float path other CPUs take; and it does not import
+    torchvision (whose import pulls in torch._dynamo: seconds of every ingest)."""
+    import subprocess
+    import sys
+    import warnings
+
+    import torch
+
+    from pipeline.data.decode import resize_batch
+
+    if not native:  # both sides then take the float32-and-round path of CPUs without AVX2
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torchvision.transforms.v2 import functional as F
+    rng = np.random.default_rng(0)
+    for shape, size in SHAPES:
+        images = rng.integers(0, 256, shape, dtype=np.uint8)
+        hw = [size, size] if isinstance(size, int) else list(size)
+        want = F.resize(torch.from_numpy(images), hw, antialias=True).numpy()
+        got = resize_batch(images, size)
+        assert got.dtype == np.uint8 and got.shape == want.shape and np.array_equal(got, want), (shape, size)
+    probe = ("import sys, numpy as np\nfrom pipeline.data.decode import resize_batch\n"
+             "resize_batch(np.zeros((2, 1, 8, 8), dtype=np.uint8), 16)\nprint('torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
