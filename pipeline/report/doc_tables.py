@@ -23,6 +23,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 EVALUATE = Path("metrics") / "evaluate.json"
 ANCHORS = Path("docs") / "results" / "anchors" / "fashion_mnist.json"
+ARCHITECT = Path("docs") / "results" / "architect" / "digits_seed0.json"
 
 
 def pct(x: float) -> str:
@@ -114,6 +115,20 @@ def anchors_table(root: Path) -> str:
                            "(the cascade and the plain CNNs).")
 
 
+def architect_table(root: Path) -> str:
+    """bench.architect's runs: per sampler and searcher, the chosen shape and the best score found."""
+    result = _read(root, ARCHITECT)
+    rows = [("weights trained with", "searched by", "chosen: held-out accuracy", "mean MACs", "exits alone",
+             "best score after 4 / 24 shapes", "train s")]
+    for r in result["runs"]:
+        chosen, best = r["chosen"], r["best_score"]
+        widths = "/".join(str(x["width"]) for x in chosen["shapes"])
+        rows.append((r["sampler"], r["searcher"], f"{pct(chosen['accuracy'])} (widths {widths})",
+                     mmacs(chosen["mean_macs"]), " / ".join(pct(a) for a in chosen["exit_accuracy"]),
+                     f"{best[min(3, len(best) - 1)]:.4f} / {best[-1]:.4f}", f"{r['train_seconds']:g}"))
+    return f"{_table(rows)}\n\nFrom `{ARCHITECT.as_posix()}`."
+
+
 def _table(rows: list[tuple[str, ...]]) -> str:
     lines = [f"| {' | '.join(rows[0])} |", f"| {' | '.join('---' for _ in rows[0])} |"]
     lines += [f"| {' | '.join(row)} |" for row in rows[1:]]
@@ -131,6 +146,7 @@ BLOCKS: Mapping[str, Block] = {
     "results-default": Block(Path("docs/RESULTS.md"), default_results),
     "results-budget-curve": Block(Path("docs/RESULTS.md"), default_budget_curve),
     "results-anchors": Block(Path("docs/RESULTS.md"), anchors_table),
+    "results-architect": Block(Path("docs/RESULTS.md"), architect_table),
 }
 
 
