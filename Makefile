@@ -25,8 +25,9 @@ else
 	python -m pipeline.profiles $(if $(PROFILE),--profile $(PROFILE)) $(if $(DATA),--data '$(DATA)')
 endif
 
+# -n auto: one pytest-xdist worker per core; tests of the shared tiny pipeline stay on one worker (tests/conftest.py)
 test: setup
-	python -m pytest -q
+	python -m pytest -q -n auto --dist loadgroup
 
 lint: setup
 	ruff check .

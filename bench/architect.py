@@ -1,4 +1,4 @@
-"""Method B as the architect, measured: the elastic cascade of ``pipeline.search.architect`` trained on a
+"""Method B as the architect, measured: the elastic cascade of ``pipeline.architect.search`` trained on a
 run's train split, then its whole-cascade shapes searched on the held-out images by method B and by random
 search at the same budget (on the same trained weights), and, with ``--samplers``, the weights trained
 again with uniform sampling instead of method B's probability model.
@@ -23,9 +23,7 @@ from typing import Any
 
 import torch
 
-from pipeline.io import load_held_out, load_split
-from pipeline.models.elastic import ElasticCascade
-from pipeline.search.architect import (
+from pipeline.architect.search import (
     ArchitectConfig,
     Scored,
     choose,
@@ -33,6 +31,8 @@ from pipeline.search.architect import (
     search_shapes,
     train_elastic,
 )
+from pipeline.io import load_held_out, load_split
+from pipeline.models.elastic import ElasticCascade
 from pipeline.train.inputs import normalisation_stats
 
 
@@ -85,13 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--budget", type=int, default=24, help="distinct shapes scored per searcher")
     p.add_argument("--samplers", nargs="+", default=["probmodel"], choices=["probmodel", "uniform"])
+    p.add_argument("--m", type=int, default=1, help="shapes drawn from P per batch beside the two corners")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", type=Path, default=Path("bench/out/architect.json"))
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = ArchitectConfig(epochs=args.epochs, budget=args.budget, seed=args.seed, m=1)
+    cfg = ArchitectConfig(epochs=args.epochs, budget=args.budget, seed=args.seed, m=args.m)
     result = run(args.data, args.width, cfg, args.samplers)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -23,7 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models",),  # ops, modules, cascade, cost, profile, store, the modules' config
     ("train",),  # one module's training, the plain-CNN baselines
     ("routing",),  # candidates, predictor, selection, engine, calibration, the packaged cascade
-    ("evaluation", "registry"),  # the test-split comparison; MLflow runs, the registered model
+    ("evaluation", "registry", "architect"),  # the test-split comparison; MLflow runs, the registered model;
+    # module shapes searched on an elastic cascade
     ("serving",),  # cascade serve/export: engines, ONNX, the guards
     ("exit_codes",),  # one exit status per kind of error
     ("cli", "check_params", "profiles", "codegraph"),  # what a person runs

@@ -1,6 +1,6 @@
 """An elastic cascade: every module's width, depth and resolution step in one set of shared weights.
 
-The architect (:mod:`pipeline.search.architect`) trains it once and then scores whole-cascade shapes on
+The architect (:mod:`pipeline.architect.search`) trains it once and then scores whole-cascade shapes on
 held-out images without training each shape (docs/DESIGN.md "Method B as the architect"). A module's
 weights are held at its largest width and depth; a shape runs the first ``width`` output channels of
 every convolution (reading the first channels the module before it produced), the first ``depth``

@@ -21,7 +21,7 @@ TIMES_FILE = Path(".cache/stage_seconds.json")
 # What a run takes on a 2-core CPU without a record of its own (docs/RESULTS.md: the quick profile on
 # 2,000 colour images of 48 px with the step floor, 6 min 11 s; the default from scratch).
 FIRST_RUN_HINT = {"quick": "about 4-6 min for 2,000 colour images of 48 px",
-                  "default": "about 22-40 min on full Fashion-MNIST"}
+                  "default": "about 48 min on full Fashion-MNIST (2-core CPU, timed alone)"}
 _RUNNING = re.compile(r"Running stage '([^']+)'")
 _SKIPPED = re.compile(r"Stage '([^']+)' didn't change, skipping")
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.architect.search import ArchitectConfig, Scored, architect, choose, default_choices
 from pipeline.io import Split
 from pipeline.models.cost import count_macs
 from pipeline.models.elastic import ModuleShape, cascade_space, extreme_arch, shape_macs, shapes_of
 from pipeline.models.modules import PlainCNN
-from pipeline.search.architect import ArchitectConfig, Scored, architect, choose, default_choices
 from pipeline.search.space import Arch
 
 

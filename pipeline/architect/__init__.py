@@ -1,0 +1,1 @@
+"""Method B as the architect: module shapes searched on the data (docs/DESIGN.md "Method B as the architect")."""
