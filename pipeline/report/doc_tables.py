@@ -23,7 +23,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 EVALUATE = Path("metrics") / "evaluate.json"
 ANCHORS = Path("docs") / "results" / "anchors" / "fashion_mnist.json"
-ARCHITECT = Path("docs") / "results" / "architect" / "digits_seed0.json"
+ARCHITECT = (Path("docs") / "results" / "architect" / "digits_seed0.json",
+             Path("docs") / "results" / "architect" / "digits_seed0_m4.json")
 
 
 def pct(x: float) -> str:
@@ -116,17 +117,20 @@ def anchors_table(root: Path) -> str:
 
 
 def architect_table(root: Path) -> str:
-    """bench.architect's runs: per sampler and searcher, the chosen shape and the best score found."""
-    result = _read(root, ARCHITECT)
-    rows = [("weights trained with", "searched by", "chosen: held-out accuracy", "mean MACs", "exits alone",
-             "best score after 4 / 24 shapes", "train s")]
-    for r in result["runs"]:
-        chosen, best = r["chosen"], r["best_score"]
-        widths = "/".join(str(x["width"]) for x in chosen["shapes"])
-        rows.append((r["sampler"], r["searcher"], f"{pct(chosen['accuracy'])} (widths {widths})",
-                     mmacs(chosen["mean_macs"]), " / ".join(pct(a) for a in chosen["exit_accuracy"]),
-                     f"{best[min(3, len(best) - 1)]:.4f} / {best[-1]:.4f}", f"{r['train_seconds']:g}"))
-    return f"{_table(rows)}\n\nFrom `{ARCHITECT.as_posix()}`."
+    """bench.architect's runs: per shapes drawn a batch, sampler and searcher, the chosen shape and the best
+    score found."""
+    rows = [("shapes drawn a batch", "weights trained with", "searched by", "chosen: held-out accuracy",
+             "mean MACs", "exits alone", "best score after 2 / all shapes", "train s")]
+    for rel in ARCHITECT:
+        result = _read(root, rel)
+        for r in result["runs"]:
+            chosen, best = r["chosen"], r["best_score"]
+            widths = "/".join(str(x["width"]) for x in chosen["shapes"])
+            rows.append((f"2 + {result['config']['m']}", r["sampler"], r["searcher"],
+                         f"{pct(chosen['accuracy'])} (widths {widths})", mmacs(chosen["mean_macs"]),
+                         " / ".join(pct(a) for a in chosen["exit_accuracy"]),
+                         f"{best[min(1, len(best) - 1)]:.4f} / {best[-1]:.4f}", f"{r['train_seconds']:g}"))
+    return f"{_table(rows)}\n\nFrom {', '.join(f'`{rel.as_posix()}`' for rel in ARCHITECT)}."
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
