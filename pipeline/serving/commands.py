@@ -59,7 +59,11 @@ def add_commands(sub: Any, default_model: str) -> None:
     serve.add_argument("--batch-timeout-ms", type=_positive(float), default=0.5,
                        help="how long a batch waits for more requests, in ms (default 0.5)")
     serve.add_argument("--api-servers", type=_positive(int), default=1,
-                       help="HTTP front processes that decode and guard requests before the batch (default 1)")
+                       help="HTTP front processes that guard requests before the batch (default 1)")
+    serve.add_argument("--decode-in-front", action="store_true",
+                       help="decode the images in the HTTP front processes, the inference process only unpacking "
+                            "uint8 pixels (default: the inference process decodes: faster on 2 shared cores, "
+                            "docs/DESIGN.md 'Serving')")
     serve.add_argument("--p99-ms", type=_positive(float), metavar="MS",
                        help="a p99 latency target in ms: requests without a budget are answered at the "
                             "operating point a controller moves along from the measured queue wait and batch "
@@ -152,6 +156,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         try:
             config = ServeConfig(str(ready), args.engine, args.host, args.port, args.max_batch_size,
                                  args.batch_timeout_ms / 1e3, api_servers=args.api_servers, exits=not args.static,
+                                 decode_in_front=args.decode_in_front,
                                  limits=limits, p99_ms=args.p99_ms)
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)

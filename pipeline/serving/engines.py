@@ -22,6 +22,7 @@ import numpy as np
 from pipeline.routing.operating_points import ACCURATE, OperatingPoint
 
 ENGINES = ("torch", "onnx")
+CASCADE_MANIFEST = "cascade.json"  # pipeline.routing.package.MANIFEST, named here without importing torch
 
 
 class Engine(Protocol):
@@ -110,6 +111,24 @@ def is_onnx_dir(path: str | os.PathLike[str]) -> bool:
 
     manifest = Path(path) / MANIFEST
     return manifest.is_file() and f'"{FORMAT}"' in manifest.read_text()[:4096]
+
+
+def model_image_shape(model: str | os.PathLike[str]) -> tuple[int, int, int]:
+    """The input (C, H, W) a model directory (a cascade's or its ONNX export) is served at, read from its
+    manifest alone (no weights, no torch): what the HTTP fronts decode requests to."""
+    import json
+
+    from pipeline.serving.onnx_format import MANIFEST
+
+    model = Path(model)
+    path = model / (MANIFEST if is_onnx_dir(model) else CASCADE_MANIFEST)
+    try:
+        shape = tuple(int(v) for v in json.loads(path.read_text())["meta"]["image_shape"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: no image shape in its meta ({type(exc).__name__}: {exc})") from None
+    if len(shape) != 3 or min(shape) < 1:
+        raise ValueError(f"{path}: the image shape must be (C, H, W), got {shape}")
+    return shape
 
 
 def load_engine(model: str | os.PathLike[str], kind: str = "torch", *, threads: int = 1,

@@ -10,7 +10,11 @@ A raw image body (``image/png``, ``image/jpeg``, ``application/octet-stream``) i
 ``{"image": "<base64>"}`` (:func:`pipeline.serving.requests.wrap_raw`), so the engine's decoder
 reads one form; a prediction's JSON gets the guard's stamp (its arrival time on the shared monotonic
 clock and the ``X-Cascade-Budget`` header: :func:`pipeline.serving.requests.stamped`), from which the
-worker measures the queue wait and reads the budget. A request with a deadline (``X-Deadline-Ms`` or JSON
+worker measures the queue wait and reads the budget. Given the model's ``image_shape``
+(``cascade serve --decode-in-front``) the guard decodes the images itself, once admitted, with the same
+decoder and limits (:func:`pipeline.serving.requests.decode_payload`), refuses a bad one in the worker's
+words, and hands the worker the uint8 pixels in its stamp (:func:`pipeline.serving.requests.decoded_body`).
+A request with a deadline (``X-Deadline-Ms`` or JSON
 ``deadline_ms``, else ``target_ms``, the server's ``--p99-ms``) is admitted only if the serving process's
 outlook (:mod:`pipeline.serving.outlook`) predicts its answer in time behind the requests in flight here,
 else refused at once: 429, ``Retry-After`` and the predicted and deadline ms
@@ -25,6 +29,7 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pipeline.serving.admission import Correction, Verdict, judge, predict_seconds, refusal
@@ -32,6 +37,9 @@ from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, BadRequest, ServeLimit
 from pipeline.serving.requests import (
     BUDGET_HEADER,
     DEADLINE_HEADER,
+    decode_payload,
+    decode_raw,
+    decoded_body,
     image_count,
     parse_json,
     precheck,
@@ -84,11 +92,16 @@ class GuardMiddleware:
     """ASGI middleware enforcing :class:`ServeLimits` in front of the engine's endpoints."""
 
     def __init__(self, app: Callable[..., Awaitable[None]], limits: ServeLimits | None = None,
-                 record: bool = False, target_ms: float | None = None, outlook: str | None = None) -> None:
+                 record: bool = False, target_ms: float | None = None, outlook: str | None = None,
+                 image_shape: tuple[int, int, int] | None = None) -> None:
         from pipeline.serving.outlook import OutlookFile
 
         self.app = app
         self.limits = limits or ServeLimits()
+        # the model's input (C, H, W): the guard decodes the images and hands the worker uint8 pixels
+        # (None: the body goes on as JSON and the worker decodes it)
+        self.image_shape = None if image_shape is None else tuple(int(v) for v in image_shape)
+        self.decoder: ThreadPoolExecutor | None = None
         self.target_ms = target_ms  # the deadline of a request without its own
         self.outlook = OutlookFile(outlook) if outlook else None  # the engine's process publishes it
         self.in_flight = 0
@@ -138,10 +151,11 @@ class GuardMiddleware:
             payload = parse_check(body, self.limits) if kind == JSON_TYPE else None
             deadline = request_deadline(payload, headers.get(DEADLINE_HEADER))
             deadline = self.target_ms if deadline is None else deadline
-            if kind in RAW_TYPES:
-                body = stamped(wrap_raw(body), arrived, budget, deadline)
-            elif isinstance(payload, dict):
-                body = stamped(body, arrived, budget, deadline)
+            if self.image_shape is None:  # the worker decodes: the body goes on as JSON, stamped
+                if kind in RAW_TYPES:
+                    body = stamped(wrap_raw(body), arrived, budget, deadline)
+                elif isinstance(payload, dict):
+                    body = stamped(body, arrived, budget, deadline)
         except TimeoutError:
             await self._refuse(send, 408, f"the request body did not arrive within {self.limits.read_timeout:g} s",
                           close=True)
@@ -156,6 +170,40 @@ class GuardMiddleware:
         if not verdict.admit:
             await self._shed(send, verdict)
             return
+        timed = self._timed(send, arrived, verdict)
+        self.images_in_flight += images
+        try:
+            if self.image_shape is not None:
+                try:
+                    body = decoded_body(await self._decode(body, kind, payload), payload, arrived, budget, deadline)
+                except BadRequest as exc:  # answered as the worker answered it: counted, timed, its own words
+                    if self.metrics is not None:
+                        from pipeline.serving.metrics import reason_of
+
+                        self.metrics.refused(reason_of(exc.status))
+                    await _answer(timed, exc.status, str(exc))
+                    return
+            await self._forward(scope, receive, timed, body)
+        finally:
+            self.images_in_flight -= images
+
+    async def _decode(self, body: bytes, kind: str, payload: Any) -> Any:
+        """The request's images as the model's uint8 input, decoded here in the HTTP front with the decoder
+        and limits the worker used (a BadRequest naming what is wrong). In a thread, so this front keeps
+        reading other requests meanwhile: decoded on the event loop, a burst of requests waited unread in the
+        kernel's backlog, and a stop signal dropped them there (tests/serving/test_server_stop.py). One thread:
+        the decoding holds the GIL for much of its time, and more threads took it from the event loop too."""
+        def decode() -> Any:
+            if kind in RAW_TYPES:
+                return decode_raw(body, self.image_shape, self.limits)
+            return decode_payload(payload, self.image_shape, self.limits)
+
+        if self.decoder is None:  # made here, in the HTTP process that uses it (not before a fork)
+            self.decoder = ThreadPoolExecutor(1, thread_name_prefix="cascade-decode")
+        return await asyncio.get_running_loop().run_in_executor(self.decoder, decode)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        """Hand ``body`` to the engine's app as the request's JSON body."""
         scope = {**scope, "headers": _json_headers(scope["headers"], len(body))}
         sent = False
 
@@ -166,11 +214,7 @@ class GuardMiddleware:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        self.images_in_flight += images
-        try:
-            await self.app(scope, replay, self._timed(send, arrived, verdict))
-        finally:
-            self.images_in_flight -= images
+        await self.app(scope, replay, send)
 
     def _admit(self, deadline_ms: float | None, images: int, waited_s: float) -> Verdict:
         """Admit or refuse a request of ``images`` with ``deadline_ms`` (None: admitted unread) behind the

@@ -45,7 +45,9 @@ BUDGET_HEADER = "x-cascade-budget"  # the same as a header (the JSON field wins 
 DEADLINE_KEY = "deadline_ms"  # a request's deadline: ms from its arrival to its answer (admission, 429)
 DEADLINE_HEADER = "x-deadline-ms"  # the same as a header (the JSON field wins where both are given)
 STAMP_KEY = "_cascade"  # what the guard adds to a request: {"arrived": monotonic seconds, "budget": header,
-# "deadline_ms": the deadline the guard admitted it under}
+# "deadline_ms": the deadline the guard admitted it under, and where it decoded the images: "shape", "pixels"}
+PIXELS_KEY = "pixels"  # in the stamp: the request's images decoded, uint8 (N, C, H, W) bytes in base64
+SHAPE_KEY = "shape"  # in the stamp: (N, C, H, W) of those bytes
 MAX_NAME = 64
 
 
@@ -88,7 +90,6 @@ def decode_images(items: Sequence[Any], shape: Sequence[int], limits: ServeLimit
     check_count(len(items), limits)
     if names is None:
         names = [f"image {i}" for i in range(len(items))] if len(items) > 1 else ["image"]
-    c, h, w = (int(v) for v in shape)
     errors, blobs = [], []
     for name, item in zip(names, items, strict=True):
         try:
@@ -96,6 +97,18 @@ def decode_images(items: Sequence[Any], shape: Sequence[int], limits: ServeLimit
         except BadRequest as exc:
             errors.append(str(exc))
             blobs.append(b"")
+    return _decode_blobs(blobs, names, errors, shape, limits)
+
+
+def decode_raw(body: bytes, shape: Sequence[int], limits: ServeLimits) -> np.ndarray:
+    """A raw image body -> uint8 (1, C, H, W), refused with the words :func:`decode_images` gives the same
+    image sent as ``{"image": base64}`` (what the guard once wrapped it into for the worker)."""
+    return _decode_blobs([body], ["image"], [] if body else ["image: empty image"], shape, limits)
+
+
+def _decode_blobs(blobs: list[bytes], names: Sequence[str], errors: list[str], shape: Sequence[int],
+                  limits: ServeLimits) -> np.ndarray:
+    c, h, w = (int(v) for v in shape)
     check_declared([declared_pixels(b) for b in blobs], limits)
     images = []
     for name, blob in zip(names, blobs, strict=True):
@@ -281,3 +294,41 @@ def stamped(body: bytes, arrived: float, budget: str | None, deadline_ms: float 
                         **({DEADLINE_KEY: deadline_ms} if deadline_ms is not None else {})})
     sep = b"" if inner.lstrip().endswith(b"{") else b","
     return inner + sep + f'"{STAMP_KEY}":{stamp}}}'.encode()
+
+
+def decoded_body(images: np.ndarray, payload: Any, arrived: float, budget: str | None,
+                 deadline_ms: float | None) -> bytes:
+    """The body the guard hands the worker for a request whose images it decoded: the client's ``budget``
+    and ``deadline_ms`` fields (read by the worker as before) and the guard's stamp, which carries the
+    images as raw uint8 bytes (base64) and their shape. Nothing else of the client's body is kept, so a
+    client's own stamp never reaches the worker."""
+    kept = {k: payload[k] for k in (BUDGET_KEY, DEADLINE_KEY) if k in payload} if isinstance(payload, dict) else {}
+    images = np.ascontiguousarray(images, dtype=np.uint8)
+    stamp = {"arrived": arrived, **({"budget": budget} if budget is not None else {}),
+             **({DEADLINE_KEY: deadline_ms} if deadline_ms is not None else {}),
+             SHAPE_KEY: list(images.shape), PIXELS_KEY: base64.b64encode(images.tobytes()).decode("ascii")}
+    return json.dumps({**kept, STAMP_KEY: stamp}).encode()
+
+
+def decoded_images(payload: Any, shape: Sequence[int], limits: ServeLimits) -> np.ndarray | None:
+    """The images the guard decoded into a request's stamp (None where it holds none: the worker decodes
+    the request itself), checked again against the model's input: uint8 (N, C, H, W) in ``shape``, 1 to
+    ``max_images`` of them, exactly that many bytes. Whoever wrote the stamp, it cannot hand the engine more
+    or other than a request within the limits would; a BadRequest where it is malformed."""
+    stamp = payload.get(STAMP_KEY) if isinstance(payload, dict) else None
+    if not isinstance(stamp, dict) or PIXELS_KEY not in stamp:
+        return None
+    dims, data = stamp.get(SHAPE_KEY), stamp[PIXELS_KEY]
+    want = tuple(int(v) for v in shape)
+    if (not isinstance(dims, list) or len(dims) != 4 or not all(type(v) is int for v in dims)
+            or tuple(dims[1:]) != want or not 1 <= dims[0] <= limits.max_images or not isinstance(data, str)
+            or len(data) != 4 * math.ceil(dims[0] * math.prod(want) / 3)):
+        raise BadRequest(f"the decoded images must be uint8 (N, {', '.join(map(str, want))}) with N from 1 to "
+                         f"{limits.max_images}")
+    try:
+        pixels = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest("the decoded images are not valid base64") from None
+    if len(pixels) != dims[0] * math.prod(want):
+        raise BadRequest("the decoded images do not hold as many bytes as their shape says")
+    return np.frombuffer(pixels, dtype=np.uint8).reshape(dims)
