@@ -1,10 +1,12 @@
-"""Capacity of ``cascade serve`` on the serving tests' tiny model, side by side for several checkouts.
+"""Capacity of ``cascade serve`` on a model (``--model``: a model directory, e.g. ``models/cascade``), side by
+side for several checkouts.
 
 16 closed-loop clients (hey) each send 16-image JSON requests (base64 PNGs of the model's size) for
 ``--seconds``; the runs alternate between the ``--roots`` (each a checkout with its own ``pipeline``, the
 same interpreter), ``--runs`` times each, and print images/s, p50/p99 and non-200s per run. Used to
 measure the decoding's move from the inference worker into the HTTP front (issue 69, docs/DESIGN.md
-"Serving"): ``python -m bench.serving_decode --roots /tmp/before . --runs 3``.
+"Serving"): ``python -m bench.serving_decode --model models/cascade --roots /tmp/before . --runs 3`` (the
+figures in DESIGN were read on the serving tests' tiny model, ``tests/serving/conftest.py``).
 """
 
 from __future__ import annotations
@@ -23,17 +25,15 @@ from pathlib import Path
 from bench.serving import free_port, read_csv, summary
 
 
-def tiny_model(directory: Path) -> Path:
-    from tests.serving.conftest import _saved
+def body(n: int, shape: tuple[int, int, int], seed: int) -> str:
+    """``n`` random images of the model's ``shape`` as one JSON request of base64 PNGs."""
+    import numpy as np
 
-    return _saved(directory / "model")
-
-
-def body(n: int, seed: int) -> str:
     from pipeline.registry.payload import encode_png
-    from tests.routing.test_package import uint8_images
 
-    return json.dumps({"images": [base64.b64encode(encode_png(im)).decode() for im in uint8_images(n, seed)]})
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)  # (n, C, H, W)
+    return json.dumps({"images": [base64.b64encode(encode_png(im)).decode() for im in images]})
 
 
 def serve(root: Path, model: Path, log: Path, args: tuple[str, ...]) -> tuple[subprocess.Popen, int]:
@@ -83,6 +83,7 @@ def load(port: int, bodies: list[Path], seconds: float, images: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, required=True, help="the model directory every checkout serves")
     p.add_argument("--roots", nargs="+", type=Path, default=[Path(".")], help="checkouts to serve from, in turn")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seconds", type=float, default=10.0)
@@ -94,11 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-decode-") as tmp_name:
         tmp = Path(tmp_name)
-        model = tiny_model(tmp)
+        from pipeline.serving.engines import model_image_shape
+
+        model = args.model.resolve()
+        shape = model_image_shape(model)
         bodies = []
         for i in range(args.clients):
             path = tmp / f"body{i}.json"
-            path.write_text(body(args.images, seed=100 + i))
+            path.write_text(body(args.images, shape, seed=100 + i))
             bodies.append(path)
         for run in range(args.runs):
             for root in args.roots:

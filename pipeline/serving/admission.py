@@ -168,13 +168,19 @@ class Verdict:
     retry_after_s: int = 0
 
 
-def judge(predicted_s: float | None, deadline_s: float | None, waited_s: float = 0.0) -> Verdict:
+PROBE_S = 1.0  # while everything is refused, one request this often is admitted as a probe (see judge)
+
+
+def judge(predicted_s: float | None, deadline_s: float | None, waited_s: float = 0.0, *,
+          probe: bool = False) -> Verdict:
     """Refuse where ``waited_s`` already spent plus ``predicted_s`` to come passes ``deadline_s``; admit
-    where there is no deadline or no prediction (nothing measured yet: no evidence to refuse on)."""
+    where there is no deadline or no prediction (nothing measured yet: no evidence to refuse on), and a
+    ``probe``: only answers re-measure the correction, so without one request let through now and then (a
+    circuit breaker's half-open probe) a prediction inflated once would refuse every later request."""
     if deadline_s is None or predicted_s is None:
         return Verdict(True, predicted_s, deadline_s)
     total = waited_s + predicted_s
-    if total <= deadline_s:
+    if total <= deadline_s or probe:
         return Verdict(True, total, deadline_s)
     return Verdict(False, total, deadline_s, max(1, math.ceil(total - deadline_s)))
 

@@ -26,9 +26,21 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _add_limits(serve: Any, defaults: ServeLimits) -> None:
+    """The request limits of ``serve`` (:class:`pipeline.serving.limits.ServeLimits`'s defaults)."""
+    serve.add_argument("--max-bytes", type=_positive(int), default=defaults.max_bytes,
+                       help=f"largest request body (default {defaults.max_bytes:,})")
+    serve.add_argument("--max-images", type=_positive(int), default=defaults.max_images,
+                       help=f"images per request at most (default {defaults.max_images})")
+    serve.add_argument("--max-queue", type=_positive(int), default=defaults.max_queue,
+                       help=f"requests held at once; more get 503 (default {defaults.max_queue})")
+    serve.add_argument("--timeout", type=_positive(float), default=defaults.timeout,
+                       help=f"seconds a request may wait for its answer, then 504 "
+                            f"(default {defaults.timeout:g})")
+
+
 def add_commands(sub: Any, default_model: str) -> None:
     """Register ``serve`` and ``export`` on the ``cascade`` command's sub-parsers."""
-    defaults = ServeLimits()
     serve = sub.add_parser(
         "serve", help="serve the cascade over HTTP (LitServe: adaptive batching, early exits, limits)",
         description="Serve a cascade on POST /invocations (LitServe; --server triton: see there): PNG/JPEG "
@@ -73,15 +85,7 @@ def add_commands(sub: Any, default_model: str) -> None:
                             "with --server triton: the batcher's queue timeout only; docs/DESIGN.md 'Serving'")
     serve.add_argument("--static", action="store_true",
                        help="no early exit: every module on every image (to measure what the exits save)")
-    serve.add_argument("--max-bytes", type=_positive(int), default=defaults.max_bytes,
-                       help=f"largest request body (default {defaults.max_bytes:,})")
-    serve.add_argument("--max-images", type=_positive(int), default=defaults.max_images,
-                       help=f"images per request at most (default {defaults.max_images})")
-    serve.add_argument("--max-queue", type=_positive(int), default=defaults.max_queue,
-                       help=f"requests held at once; more get 503 (default {defaults.max_queue})")
-    serve.add_argument("--timeout", type=_positive(float), default=defaults.timeout,
-                       help=f"seconds a request may wait for its answer, then 504 "
-                            f"(default {defaults.timeout:g})")
+    _add_limits(serve, ServeLimits())
     serve.set_defaults(func=_cmd_serve)
 
     export = sub.add_parser("export", help="export a cascade (ONNX: modules, heads, thresholds, manifest)")

@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from pipeline.serving.admission import Correction, Verdict, judge, predict_seconds, refusal
+from pipeline.serving.admission import PROBE_S, Correction, Verdict, judge, predict_seconds, refusal
 from pipeline.serving.limits import JSON_TYPE, RAW_TYPES, BadRequest, ServeLimits, check_headers, media_type
 from pipeline.serving.requests import (
     BUDGET_HEADER,
@@ -105,6 +105,7 @@ class GuardMiddleware:
         self.target_ms = target_ms  # the deadline of a request without its own
         self.outlook = OutlookFile(outlook) if outlook else None  # the engine's process publishes it
         self.in_flight = 0
+        self.last_admitted = time.monotonic()  # admission's last yes: a probe goes through PROBE_S after it
         self.images_in_flight = 0  # of the requests admitted and not yet answered
         self.correction = Correction()  # the batch times' prediction against the answers' measured latency
         self.metrics = None
@@ -226,7 +227,11 @@ class GuardMiddleware:
                                                                  self.images_in_flight, images)
         if predicted is not None:
             predicted *= self.correction.factor
-        return judge(predicted, deadline_ms / 1e3, waited_s)
+        now = time.monotonic()
+        verdict = judge(predicted, deadline_ms / 1e3, waited_s, probe=now - self.last_admitted >= PROBE_S)
+        if verdict.admit:
+            self.last_admitted = now
+        return verdict
 
     async def _shed(self, send: Send, verdict: Verdict) -> None:
         """Refuse a request predicted to miss its deadline: 429, Retry-After and why, in numbers."""

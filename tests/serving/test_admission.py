@@ -87,6 +87,18 @@ def test_a_request_is_refused_only_on_a_prediction_past_its_deadline() -> None:
     assert "'exit1'" in body["message"]
 
 
+def test_probes_bring_a_stale_prediction_back() -> None:
+    """A correction inflated once (a pause of the host) must not shut the server for good: a probe is
+    admitted, answered, and its measured latency brings the factor back."""
+    assert judge(2.3, 0.1, probe=True).admit and not judge(2.3, 0.1).admit
+    correction = Correction(factor=20.0)
+    for _ in range(200):  # one probe a second while everything else is refused
+        predicted = 0.01 * correction.factor
+        if judge(predicted, 0.1, probe=True).admit:
+            correction.update(measured_s=0.01, predicted_s=predicted)
+    assert correction.factor < 2.0 and judge(0.01 * correction.factor, 0.1).admit
+
+
 def test_the_correction_learns_how_far_the_batch_times_fall_short_of_an_answers_latency() -> None:
     c = Correction(alpha=0.5)
     c.update(0.040, 0.010)  # measured 4x the raw prediction

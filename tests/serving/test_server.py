@@ -45,24 +45,29 @@ def server(tiny_model: Path) -> Iterator[int]:
     yield from running_server(tiny_model, "--engine", "onnx", "--max-images", "64")
 
 
+def wait_until_up(proc: subprocess.Popen, port: int) -> None:
+    """Until ``proc`` answers /health on ``port`` (120 s at most); its output if it exits first."""
+    until = time.monotonic() + 120
+    while time.monotonic() < until:
+        out = proc.stdout or proc.stderr
+        assert proc.poll() is None, out.read().decode() if out else "server exited"
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/health")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.3)
+    pytest.fail("cascade serve did not come up within 120 s")
+
+
 def running_server(model: Path, *args: str) -> Iterator[int]:
     """``cascade serve`` on ``model`` in its own process group, up and answering /health: yields its port."""
     port = free_port()
     cmd = [sys.executable, "-m", "pipeline.cli", "serve", "--model", str(model), "--port", str(port), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else "server exited"
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("cascade serve did not come up within 120 s")
+        wait_until_up(proc, port)
         yield port
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -23,7 +23,7 @@ from pipeline.serving.outlook import OutlookFile
 from pipeline.serving.requests import STAMP_KEY
 from tests.routing.test_package import uint8_images
 from tests.serving.test_requests import png
-from tests.serving.test_server import free_port, running_server
+from tests.serving.test_server import free_port, running_server, wait_until_up
 from tests.serving.test_server_points import metrics
 
 
@@ -117,20 +117,6 @@ def test_a_signal_stops_taking_requests_answers_those_in_flight_and_exits_0_quie
     assert "Traceback" not in err.decode() and "KeyboardInterrupt" not in err.decode(), err.decode()[-3000:]
     with pytest.raises(OSError):  # nothing listens any more
         http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/health")
-
-
-def wait_until_up(proc: subprocess.Popen, port: int) -> None:
-    until = time.monotonic() + 120
-    while time.monotonic() < until:
-        assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "server exited"
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/health")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            time.sleep(0.3)
-    pytest.fail("cascade serve did not come up within 120 s")
 
 
 def test_the_worker_drops_a_request_already_past_its_deadline_and_publishes_its_batch_times(
