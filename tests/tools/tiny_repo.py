@@ -32,6 +32,11 @@ def env_for(repo: Path) -> dict[str, str]:
     env["DVC_NO_ANALYTICS"] = "1"
     env["GX_ANALYTICS_ENABLED"] = "false"
     env["PYTHONPATH"] = str(repo)
+    # one intra-op thread per stage process, as tests/conftest.py gives the in-process tests: the tiny
+    # profile's tensors are small, and with pytest-xdist's workers each stage's second thread only spin-waits
+    # for a core another process holds (an elastic net trained 10x slower on two threads on a busy host;
+    # docs/RESULTS.md "Method B as the architect")
+    env["OMP_NUM_THREADS"] = "1"
     env.pop("CASCADE_EXECUTION_ID", None)
     return env
 
