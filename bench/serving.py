@@ -111,7 +111,8 @@ def read_csv(text: str) -> tuple[list[float], list[int]]:
 def summary(latencies: list[float], statuses: list[int], seconds: float, per_request: int) -> dict:
     lat = np.asarray(latencies) * 1e3
     ok = sum(s == 200 for s in statuses)
-    return {"requests": len(statuses), "non_200": len(statuses) - ok,
+    # refused: 429s, admission's answer to a request predicted to miss its deadline (docs/DESIGN.md 'Serving')
+    return {"requests": len(statuses), "non_200": len(statuses) - ok, "refused": sum(s == 429 for s in statuses),
             "images_per_s": round(ok * per_request / seconds, 1),
             "p50_ms": round(float(np.percentile(lat, 50)), 2) if len(lat) else None,
             "p99_ms": round(float(np.percentile(lat, 99)), 2) if len(lat) else None}
