@@ -25,9 +25,10 @@ else
 	python -m pipeline.profiles $(if $(PROFILE),--profile $(PROFILE)) $(if $(DATA),--data '$(DATA)')
 endif
 
-# -n auto: one pytest-xdist worker per core; tests of the shared tiny pipeline stay on one worker (tests/conftest.py)
+# -n auto: one pytest-xdist worker per core; --dist loadfile: a module's tests run on one worker, in order, as its
+# module-scoped fixtures assume (the team server's registry test reads what the test before it registered)
 test: setup
-	python -m pytest -q -n auto --dist loadgroup
+	python -m pytest -q -n auto --dist loadfile
 
 lint: setup
 	ruff check .

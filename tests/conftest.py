@@ -17,12 +17,3 @@ def one_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``-n``, ``--dist loadgroup``), every test that reads the shared tiny pipeline
-    runs on one worker: its session-wide ``dvc repro`` then runs once, not once per worker."""
-    del config
-    for item in items:
-        if "tiny_repo" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("tiny_repo"))
