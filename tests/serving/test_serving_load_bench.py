@@ -212,11 +212,12 @@ def test_a_short_load_step_is_measured_with_and_without_a_target(points_model: P
         assert all(p["requests"] > 0 and p["non_200"] == p["refused"] and p["images_per_s"] > 0
                    for p in run["phases"])
         assert {r["point"] for r in run["seconds"]} <= names | {None}
-        probe = run["high_load"]["probe"]
-        assert probe["images"] > 0 and set(probe["shares"]) <= names
-        assert 0 < sum(r["probe_images"] for r in run["seconds"]) <= sum(p["probe"]["images"] for p in run["phases"])
-        assert probe["held_out_weighted"] is not None
+        assert set(run["high_load"]["probe"]["shares"]) <= names
     none = report["modes"]["none"]
+    # the probe is answered where nothing is refused; under the 20 ms target admission may refuse it all
+    probe = none["high_load"]["probe"]
+    assert probe["images"] > 0 and probe["held_out_weighted"] is not None
+    assert 0 < sum(r["probe_images"] for r in none["seconds"]) <= sum(p["probe"]["images"] for p in none["phases"])
     assert all(p["refused"] == 0 for p in none["phases"])  # no target, no deadline: nothing is refused
     assert {r["point"] for r in none["seconds"]} <= {"accurate", None}  # no target: the point never moves
     assert none["recovery_s"][0]["back_at_accurate_s"] == 0.0
