@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from pipeline.params.choices import DEVICE_PATTERN, PRECISIONS, ConfigError
-from pipeline.params.settings import settings
+from pipeline.params.settings import schema_config
 
 
 class DeviceError(ConfigError, RuntimeError):
@@ -58,20 +57,12 @@ def check_precision(precision: str, device: torch.device, key: str = "compute.pr
         raise ConfigError(f"{key} bf16 needs a CUDA device, got {device}; use fp32")
 
 
-@dataclass(frozen=True)
+@schema_config("compute")
 class ComputeConfig:
     """Where torch runs (``compute``; optional: defaults ``auto`` and ``fp32``, so older params files
     still work). ``device``: auto (cuda if available, else cpu) | cpu | cuda | cuda:N, resolved to a
     ``torch.device`` by :func:`resolve_device` at run time (:meth:`resolve`; building the config checks
     only the spelling). ``precision``: fp32 | bf16 (bf16 autocast, CUDA only)."""
-
-    device: str = "auto"
-    precision: str = "fp32"
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> ComputeConfig:
-        checked = settings(params, "compute")
-        return cls(device=checked.device, precision=checked.precision)
 
     @classmethod
     def of(cls, device: str, precision: str = "fp32") -> ComputeConfig:

@@ -80,9 +80,10 @@ def test_fits_on_device(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_compute_config_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert ComputeConfig.from_params({}) == ComputeConfig("auto", "fp32")  # the section is optional
-    assert ComputeConfig.from_params({"compute": None}) == ComputeConfig("auto", "fp32")
-    assert ComputeConfig.from_params({"compute": {"device": "cuda:1"}}) == ComputeConfig("cuda:1", "fp32")
+    assert ComputeConfig.from_params({}) == ComputeConfig(device="auto", precision="fp32")  # the section is optional
+    assert ComputeConfig.from_params({"compute": None}) == ComputeConfig(device="auto", precision="fp32")
+    assert ComputeConfig.from_params({"compute": {"device": "cuda:1"}}) == ComputeConfig(device="cuda:1",
+                                                                                        precision="fp32")
     with pytest.raises(ConfigError, match=r"compute\.device must be auto, cpu, cuda or cuda:N.*'gpu'"):
         ComputeConfig.from_params({"compute": {"device": "gpu"}})
     with pytest.raises(ConfigError, match=r"compute\.device must be auto, cpu, cuda or cuda:N.*got 0"):
@@ -94,9 +95,9 @@ def test_compute_config_defaults_and_errors(monkeypatch: pytest.MonkeyPatch) -> 
     fake_cuda(monkeypatch, 0)
     assert ComputeConfig().resolve() == torch.device("cpu")
     with pytest.raises(ConfigError, match=r"compute\.precision bf16 needs a CUDA device.*resolved to cpu"):
-        ComputeConfig("auto", "bf16").resolve()
+        ComputeConfig(device="auto", precision="bf16").resolve()
     fake_cuda(monkeypatch, 1)
-    assert ComputeConfig("auto", "bf16").resolve() == torch.device("cuda")
+    assert ComputeConfig(device="auto", precision="bf16").resolve() == torch.device("cuda")
 
 
 def test_schema_checks_compute() -> None:

@@ -14,7 +14,7 @@ import torch
 
 from pipeline.io import read_json
 from pipeline.models.profile import CostModel
-from pipeline.routing.calibration import calib_front, oracle, simulate_thresholds
+from pipeline.routing.calibration import GRID, calib_front, oracle, simulate_thresholds
 from pipeline.routing.engine import CascadeOutput, Stage, run_all_exits, run_cascade
 from pipeline.search.space import Arch
 
@@ -67,7 +67,7 @@ def exit_figures(outs: dict[str, torch.Tensor], labels: np.ndarray) -> dict[str,
 
 
 def fitted_curve(calib: tuple[np.ndarray, np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray, np.ndarray],
-                 grid: int = 50, points: int = 41) -> list[dict]:
+                 grid: int = GRID, points: int = 41) -> list[dict]:
     """The budget curve on ``test`` with nothing fitted on it: at each of ``points`` budgets the exit
     thresholds are fitted on ``calib`` (``calib_front``: best calib accuracy within the budget) and then
     read on ``test``. Each argument is the (conf, correct, cum_macs) arrays of one split. Rows:

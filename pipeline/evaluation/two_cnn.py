@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.routing.calibration import calibrate_delta, simulate_thresholds
+from pipeline.routing.calibration import BOUND_Z, GRID, calibrate_delta, simulate_thresholds
 from pipeline.train.baselines import LARGE, SMALL, TWO_CNN, Baselines, load_baselines, plain_outputs
 
 
@@ -39,13 +39,14 @@ def two_cnn_arrays(conf_small: Any, correct_small: Any, correct_large: Any, macs
 
 
 def two_cnn_threshold(conf_small: Any, correct_small: Any, correct_large: Any, macs_small: float,
-                      macs_large: float, delta: float, grid: int | Sequence[Sequence[float]] = 50,
-                      z: float = 0.0) -> float:
+                      macs_large: float, delta: float, grid: int | Sequence[Sequence[float]] = GRID,
+                      z: float = BOUND_Z) -> float:
     """The small net's exit threshold by the cascade's rule: least mean MACs with the accuracy lost
     against always running the large net at most ``delta`` (bounded with ``z`` standard errors;
     ``NEVER`` = 1.01 if no early exit fits)."""
     thresholds, _ = calibrate_delta(*two_cnn_arrays(conf_small, correct_small, correct_large, macs_small,
-                                                    macs_large), delta, grid, z=z)
+                                                    macs_large), delta, grid, z=z,
+                                    reference="last", min_reach=0.0)  # the large net is the reference
     return float(thresholds[0])
 
 

@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from pipeline.models.ops import OPS, ConvBNReLU, make_op
+from pipeline.params.choices import CONFIDENCES
+from pipeline.params.modules_schema import HEADS, KINDS  # noqa: F401 (re-exported)
 from pipeline.search.space import Arch, Decision, SearchSpace
 
-KINDS = ("fixed", "supernet")  # what params may name (pipeline.params.schema.KINDS)
 PLAIN = "plain"  # a baseline CNN shipped alone (calibrate), never a params module kind
-HEADS = ("pool_mlp", "gap")
-CONFIDENCE_KINDS = ("maxprob", "margin")
+CONFIDENCE_KINDS = CONFIDENCES  # the name the library reads
 NO_ARCH = Arch()  # the only architecture of a module without decisions (immutable)
 
 
@@ -182,19 +182,31 @@ def _export(transition: nn.Module, ops: Sequence[nn.Module], head: ExitHead, arc
     return Subnet(copy.deepcopy(transition), body, copy.deepcopy(head), arch)
 
 
-class FixedModule(nn.Module):
-    """A plain module: transition then ``layers`` blocks of ``spec.default_op`` (conv3 when empty); its
-    search space is empty."""
+class _SpecModule(nn.Module):
+    """What both kinds of cascade module share: the spec (of the kind ``KIND``), the channel counts and
+    the entry convolution (``transition``)."""
+
+    KIND = ""
 
     def __init__(self, spec: ModuleSpec, in_channels: int, num_classes: int) -> None:
         super().__init__()
-        if spec.kind != "fixed":
-            raise ValueError(f"FixedModule needs a spec of kind 'fixed', got {spec.kind!r}")
+        if spec.kind != self.KIND:
+            raise ValueError(f"{type(self).__name__} needs a spec of kind {self.KIND!r}, got {spec.kind!r}")
         self.spec = spec
         self.in_channels = in_channels
         self.num_classes = num_classes
-        self.space = SearchSpace()
         self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
+
+
+class FixedModule(_SpecModule):
+    """A plain module: transition then ``layers`` blocks of ``spec.default_op`` (conv3 when empty); its
+    search space is empty."""
+
+    KIND = "fixed"
+
+    def __init__(self, spec: ModuleSpec, in_channels: int, num_classes: int) -> None:
+        super().__init__(spec, in_channels, num_classes)
+        self.space = SearchSpace()
         op = spec.default_op or "conv3"
         self.layers = nn.ModuleList(make_op(op, spec.channels) for _ in range(spec.layers))
         self.pool = nn.MaxPool2d(2)  # no weights: the state dict is the same with or without pools
@@ -222,21 +234,17 @@ class FixedModule(nn.Module):
         return _export(self.transition, self.body(), self.head, arch)
 
 
-class SupernetModule(nn.Module):
+class SupernetModule(_SpecModule):
     """Weight-sharing supernet: layer i holds every candidate op; ``arch`` picks one per layer.
 
     Only the chosen op of each layer runs (single path), so a forward costs what that path costs.
     """
 
+    KIND = "supernet"
+
     def __init__(self, spec: ModuleSpec, in_channels: int, num_classes: int) -> None:
-        super().__init__()
-        if spec.kind != "supernet":
-            raise ValueError(f"SupernetModule needs a spec of kind 'supernet', got {spec.kind!r}")
-        self.spec = spec
-        self.in_channels = in_channels
-        self.num_classes = num_classes
+        super().__init__(spec, in_channels, num_classes)
         self.space = SearchSpace(tuple(Decision(f"op@l{i + 1}", spec.ops) for i in range(spec.layers)))
-        self.transition = ConvBNReLU(in_channels, spec.channels, 3, spec.stride)
         self.layers = nn.ModuleList(
             nn.ModuleDict({op: make_op(op, spec.channels) for op in spec.ops}) for _ in range(spec.layers)
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import yaml
 
 from pipeline.params.choices import ConfigError
 from pipeline.params.schema import check_params as _check_schema
-from pipeline.params.settings import schema_default, settings, top_level
+from pipeline.params.settings import schema_config, top_level
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -82,88 +82,34 @@ def section(params: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value
 
 
-def _build(cls: type, checked: Any, **extra: Any) -> Any:
-    """A typed config from a checked settings object (:func:`pipeline.params.settings.settings`): its fields
-    that the config declares, plus ``extra``; nothing is checked again."""
-    values = {}
-    for f in fields(cls):
-        if f.name in extra or not hasattr(checked, f.name):
-            continue
-        value = getattr(checked, f.name)
-        if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)  # YAML writes 1 for 1.0
-        elif str(f.type).startswith("tuple") and isinstance(value, list):
-            value = tuple(value)
-        values[f.name] = value
-    return cls(**values, **extra)
+# Each config's fields are its schema section's keys (pipeline.params.schema) and its ``from_params`` reads
+# that section, checked: both generated (pipeline.params.settings.schema_config), nothing written here twice.
 
 
-@dataclass(frozen=True)
+@schema_config("data", seeded=True)
 class DataConfig:
-    source: str
-    image_size: int | str  # "auto": read from the data (pipeline.data.input_shape)
-    channels: int | str
-    val_fraction: float
-    route_fraction: float
-    test_fraction: float
-    max_train: int | None
-    max_test: int | None
-    max_pixels: int  # the largest image the decoder opens
-    seed: int
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> DataConfig:
-        return _build(cls, settings(params, "data"), seed=top_level(params, "seed"))
+    """The ``data`` section: the source, the input size (``auto``: read from the data,
+    pipeline.data.input_shape), the splits' fractions and caps, and the run's seed."""
 
 
-@dataclass(frozen=True)
+@schema_config("validate")
 class ValidateConfig:
-    class_share_tolerance: float  # max absolute deviation of a class's share from its share in the source
-    pixel_mean_min: float
-    pixel_mean_max: float
-    min_pixel_std: float  # an image flatter than this is blank or broken
-    max_duplicate_share: float  # share of a split's images whose content also appears in another split
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> ValidateConfig:
-        return _build(cls, settings(params, "validate"))
+    """The ``validate`` section: the data expectations' bounds (class shares, pixel statistics, duplicates)."""
 
 
-@dataclass(frozen=True)
+@schema_config("grade", seeded=True)
 class GradeConfig:
-    scorer: str
-    pca_components: int
-    folds: int
-    levels: int
-    curriculum: str
-    max_iter: int
-    knn_neighbors: int
-    seed: int
-    level_weight: int = schema_default("grade", "level_weight")  # weighted: module k sees level k this often
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> GradeConfig:
-        return _build(cls, settings(params, "grade"), seed=top_level(params, "seed"))
+    """The ``grade`` section: how difficulty is scored and split into levels and the curriculum."""
 
 
-@dataclass(frozen=True)
+@schema_config("tracking")
 class TrackingConfig:
-    experiment: str
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> TrackingConfig:
-        return _build(cls, settings(params, "tracking"))
+    """The ``tracking`` section: the MLflow experiment."""
 
 
-@dataclass(frozen=True)
+@schema_config("profile", seeded=True)
 class ProfileConfig:
-    repeats: int
-    batch_sizes: tuple[int, ...]
-    seed: int
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> ProfileConfig:
-        return _build(cls, settings(params, "profile"), seed=top_level(params, "seed"))
+    """The ``profile`` section: how each module's latency is timed."""
 
 
 @dataclass(frozen=True)
@@ -177,81 +123,26 @@ class RunConfig:
         return cls(seed=top_level(params, "seed"))
 
 
-@dataclass(frozen=True)
+@schema_config("model")
 class ConfidenceConfig:
     """The ``model`` section: how an exit's confidence is read off its logits (maxprob or margin)."""
 
-    confidence: str
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> ConfidenceConfig:
-        return _build(cls, settings(params, "model"))
-
-
-@dataclass(frozen=True)
+@schema_config("search", seeded=True)
 class SearchConfig:
-    """The ``search`` section (method B's final pick per supernet) and the run's seed."""
-
-    samples: int
-    pareto_max: int
-    spread: int  # 0, or >= 2 extra subnets spread over the whole cost range
-    seed: int
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> SearchConfig:
-        return _build(cls, settings(params, "search"), seed=top_level(params, "seed"))
-
-    def section(self) -> dict[str, Any]:
-        """The section's values (the seed is a top-level key), as logged with the run."""
-        return {k: v for k, v in asdict(self).items() if k != "seed"}
+    """The ``search`` section (method B's final pick per supernet) and the run's seed; ``section()`` is
+    what the run logs (the seed is a top-level key)."""
 
 
-@dataclass(frozen=True)
+@schema_config("select", seeded=True)
 class SelectConfig:
     """The ``select`` section (static choice and routing predictor per supernet) and the run's seed."""
 
-    mode: str
-    delta: float
-    hidden: int
-    epochs: int
-    balanced: bool
-    fallback_tolerance: float
-    max_macs_share: float
-    scoring: str
-    pool: int
-    seed: int
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> SelectConfig:
-        return _build(cls, settings(params, "select"), seed=top_level(params, "seed"))
-
-    def section(self) -> dict[str, Any]:
-        """The section's values (the seed is a top-level key), as logged with the run."""
-        return {k: v for k, v in asdict(self).items() if k != "seed"}
-
-
-@dataclass(frozen=True)
+@schema_config("calibrate")
 class CalibrateConfig:
-    """The ``calibrate`` section: how exit thresholds are fitted on the held-out images. Fields in the
-    schema's order, the order :meth:`section` records them in each cascade's manifest."""
-
-    mode: str  # delta | budget
-    delta: float
-    budget_macs: float | None
-    grid: int
-    reference: str
-    ensemble_decays: tuple[float, ...]
-    bound_z: float
-    held_out: str  # pooled (route + calib) | calib
-    min_reach: float
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> CalibrateConfig:
-        return _build(cls, settings(params, "calibrate"))
-
-    def section(self) -> dict[str, Any]:
-        """The values as a params section (what a manifest records and MLflow logs)."""
-        return {**asdict(self), "ensemble_decays": list(self.ensemble_decays)}
+    """The ``calibrate`` section: how exit thresholds are fitted on the held-out images; ``section()``,
+    in the schema's order, is what each cascade's manifest records."""
 
 
 @dataclass(frozen=True)

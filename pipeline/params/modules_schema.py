@@ -24,8 +24,8 @@ from pipeline.params.keys import (
 )
 
 # Mirrors of library enumerations (importing them would import torch); tests keep them equal.
-KINDS = ("fixed", "supernet")  # pipeline.models.modules.KINDS
-HEADS = ("pool_mlp", "gap")  # pipeline.models.modules.HEADS
+KINDS = ("fixed", "supernet")  # modules.mK.kind (pipeline.models.modules imports it)
+HEADS = ("pool_mlp", "gap")  # modules.mK.head
 # pipeline.models.ops.OPS
 OPS = ("conv3", "conv5", "dw3", "dw5", "ir3_e3", "ir3_e6", "ir5_e3", "ir5_e6", "skip")
 

@@ -17,9 +17,24 @@ new section is a new entry in ``SCHEMA``. The ``modules`` section's keys and che
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
-from pipeline.params.choices import CURRICULA, DEVICE_PATTERN, PRECISIONS, SCORERS
+from pipeline.params.choices import (  # noqa: F401 (re-exported for the library's checks)
+    CALIBRATE_MODES,
+    CONFIDENCES,
+    CURRICULA,
+    DEVICE_PATTERN,
+    PICKS,
+    PRECISIONS,
+    REFERENCES,
+    SAMPLERS,
+    SCHEDULES,
+    SCORERS,
+    SELECT_MODES,
+    SELECT_SCORINGS,
+    UTILITIES,
+)
 from pipeline.params.keys import (
     Bool,
     Custom,
@@ -45,16 +60,7 @@ from pipeline.params.modules_schema import (  # noqa: F401 (KINDS, HEADS, OPS, M
     module_after,
 )
 
-# Mirrors of library enumerations (importing them would import torch); tests keep them equal.
-SCHEDULES = ("cosine", "step", "constant")  # pipeline.train.config.SCHEDULES
-SAMPLERS = ("uniform", "probmodel")  # pipeline.train.config.SAMPLERS
-UTILITIES = ("rank", "elite", "softmax")  # pipeline.search.probmodel.UTILITIES
-PICKS = ("entropy", "greedy", "plain")  # pipeline.search.picks.PICKS
-CONFIDENCES = ("maxprob", "margin")  # pipeline.models.modules.CONFIDENCE_KINDS
-REFERENCES = ("last", "best")  # pipeline.routing.calibration.REFERENCES
-SELECT_MODES = ("predictor", "testset")  # pipeline.routing.select_workflow.MODES
-SELECT_SCORINGS = ("label", "p_right")  # pipeline.routing.predictor.SCORINGS
-CALIBRATE_MODES = ("delta", "budget")
+# A mirror of pipeline.io.HELD_OUT (io is a room of this layer, so neither imports the other); a test keeps them equal.
 HELD_OUT = ("pooled", "calib")  # pipeline.io.HELD_OUT
 SOURCE_PATTERN = r"fashion-mnist(:.+)?|idx:.+|imagefolder:.+|digits"  # pipeline.data.sources.load_source
 
@@ -229,22 +235,16 @@ REGISTER = {
     "macs_tolerance": Number(required=True, ge=0),
 }
 
+# The baselines' recipe: the modules' training keys (TRAIN), with defaults where TRAIN requires a value.
+_BASELINE_RECIPE = ("epochs", "min_steps", "min_steps_hard", "batch_size", "lr", "momentum", "weight_decay",
+                    "schedule", "warmup_epochs", "crop_padding", "flip", "label_smoothing", "grad_clip")
+_BASELINE_DEFAULTS = {"epochs": 12, "batch_size": 128, "lr": 0.1}
+
 BASELINES = {
     "small_width": Int(ge=1, default=8),
     "large_width": Int(ge=1, default=24),
-    "epochs": Int(ge=1, default=12),
-    "min_steps": Int(ge=0, default=0, doc="epochs raised to at least this many optimiser steps (small data)"),
-    "min_steps_hard": Int(ge=0, default=0, doc="the step floor instead where grade found the data hard"),
-    "batch_size": Int(ge=1, le=65536, default=128),
-    "lr": Number(gt=0, default=0.1),
-    "momentum": Number(ge=0, lt=1, default=0.9),
-    "weight_decay": Number(ge=0, default=5e-4),
-    "schedule": Str(choices=SCHEDULES, default="cosine"),
-    "warmup_epochs": Number(ge=0, default=0.2),
-    "crop_padding": Int(ge=0, default=2),
-    "flip": Bool(default=True),
-    "label_smoothing": Number(ge=0, lt=1, default=0.0),
-    "grad_clip": Number(ge=0, default=0.0, doc="clip the gradients' global norm to this (0: off)"),
+    **{key: replace(TRAIN[key], required=False, default=_BASELINE_DEFAULTS.get(key, TRAIN[key].default))
+       for key in _BASELINE_RECIPE},
 }
 
 

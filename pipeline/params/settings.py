@@ -4,6 +4,7 @@ so every key is validated in one place."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Mapping
 from dataclasses import make_dataclass
@@ -20,10 +21,7 @@ def section_problems(values: Any, name: str, label: str | None = None) -> list[s
     """Every problem of one section's values (types, ranges, enumerations, unknown keys, cross-key
     rules), named ``<label>.<key>``: the one check behind :func:`settings` and the typed configs
     (``TrainConfig``, ``BaselineConfig``), so each key is validated in one place, this schema."""
-    spec = _SECTIONS.get(name) or SCHEMA[name]
-    if not isinstance(spec, Section):
-        raise ValueError(f"params {name!r} is not a plain section")
-    return check_section(values, spec, label or name)
+    return check_section(values, _spec(name), label or name)
 
 
 _PYTHON_TYPES: dict[str, Any] = {"int": int, "number": float, "bool": bool, "str": str}
@@ -76,8 +74,74 @@ def top_level(params: Mapping[str, Any], name: str) -> Any:
 def schema_default(name: str, key: str) -> Any:
     """The schema's default of ``name.key`` (a list as a new list): what a typed config's field defaults to,
     so that each default is written once, in :mod:`pipeline.params.schema`."""
-    spec = _SECTIONS.get(name) or SCHEMA[name]
-    default = spec.keys[key].default  # type: ignore[union-attr]
+    default = _spec(name).keys[key].default
     if default is NO_DEFAULT:
         raise ValueError(f"params {name}.{key} has no default (the params file must set it)")
     return list(default) if isinstance(default, list) else default
+
+
+def _spec(name: str) -> Section:
+    spec = _SECTIONS.get(name) or SCHEMA[name]
+    if not isinstance(spec, Section):
+        raise ValueError(f"params {name!r} is not a plain section")
+    return spec
+
+
+def _normalised(key: Key, value: Any) -> Any:
+    """A checked value as a typed config stores it: a float for a number (YAML writes 1 for 1.0), a tuple
+    for a list (frozen configs hash)."""
+    if key.type == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if key.type == "list" and isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def schema_config(name: str, *, seeded: bool = False, checked: bool = False) -> Any:
+    """Class decorator: the typed config of params section ``name``, its fields generated from the
+    schema (one per key, in schema order, typed by :func:`annotation`, defaulting to the schema's
+    default; a key without one is required), so that a section's field list is written once, in
+    :mod:`pipeline.params.schema`. ``seeded``: one more field, the run's top-level ``seed`` (required).
+    The class keeps its methods and docstring and becomes a frozen, keyword-only dataclass; numbers are
+    stored as floats and lists as tuples. ``checked``: each instance is checked by the schema
+    (:func:`section_problems`), for configs built from keyword arguments rather than from a checked
+    section; a bad value raises ``ParamsError``. Added unless the class defines them: ``from_params``
+    (the checked section of a params mapping, absent keys at their defaults, and the seed) and
+    ``section()`` (the section's values back as params: lists, no seed)."""
+    spec = _spec(name)
+
+    def field_of(key: str, kind: Any, default: Any) -> tuple[str, Any, Any]:
+        if default is NO_DEFAULT:
+            return key, kind, dataclasses.field()
+        if isinstance(default, list):
+            return key, kind, dataclasses.field(default=tuple(default))
+        return key, kind, dataclasses.field(default=default)
+
+    rows = [field_of(key, annotation(k), k.default) for key, k in spec.keys.items()]
+    if seeded:
+        rows.append(field_of("seed", int, NO_DEFAULT))
+
+    def post_init(self: Any) -> None:
+        for key, k in spec.keys.items():
+            object.__setattr__(self, key, _normalised(k, getattr(self, key)))
+        if checked:
+            problems = section_problems(self.section(), name, type(self).__name__)
+            if problems:
+                raise ParamsError(problems)
+
+    def as_section(self: Any) -> dict[str, Any]:
+        return {key: list(v) if isinstance(v := getattr(self, key), tuple) else v for key in spec.keys}
+
+    def from_params(cls: Any, params: Mapping[str, Any]) -> Any:
+        seed = {"seed": top_level(params, "seed")} if seeded else {}
+        return cls(**vars(settings(params, name)), **seed)
+
+    def decorate(cls: type) -> type:
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                     "__post_init__": post_init, "section": as_section}
+        if "from_params" not in cls.__dict__:
+            namespace["from_params"] = classmethod(from_params)
+        return dataclasses.make_dataclass(cls.__name__, rows, bases=(cls,), namespace=namespace, frozen=True,
+                                          kw_only=True)
+
+    return decorate

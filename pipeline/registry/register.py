@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipeline.params.settings import settings
+from pipeline.params.settings import schema_config, settings
 from pipeline.registry import mlflow_models, tracking
 from pipeline.registry.heal import CHALLENGER, CHAMPION, heal, mark_complete, pending_tags
 from pipeline.registry.lineage import input_hashes, lineage_tags, metric_tags, metrics_from_tags
@@ -73,11 +73,10 @@ def model_name_for(source: str) -> str:
     return f"{stem}-cascade"
 
 
-@dataclass(frozen=True)
+@schema_config("register")
 class RegisterConfig:
-    model_name: str
-    acc_tolerance: float  # accuracy points (as a fraction) a new champion may lose
-    macs_tolerance: float  # relative growth of average MACs a new champion may add
+    """The ``register`` section: the registered model's name (``auto``: from the data source) and the
+    tolerances of the champion gate (accuracy as a fraction; relative growth of average MACs)."""
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> RegisterConfig:
@@ -85,8 +84,7 @@ class RegisterConfig:
         name = s.model_name
         if name == AUTO_NAME:
             name = model_name_for(str((params.get("data") or {}).get("source", "fashion-mnist")))
-        return cls(model_name=name, acc_tolerance=float(s.acc_tolerance),
-                   macs_tolerance=float(s.macs_tolerance))
+        return cls(**{**vars(s), "model_name": name})
 
 
 # ----------------------------------------------------------------------------------------------- gate

@@ -16,10 +16,19 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.params.choices import REFERENCES
+from pipeline.params.settings import schema_default
+
+# The shipped rule's settings (the schema's calibrate defaults) are the library's defaults too, so a caller
+# that leaves them out gets what a run gets.
+GRID: int = schema_default("calibrate", "grid")  # quantiles per exit
+REFERENCE: str = schema_default("calibrate", "reference")
+BOUND_Z: float = schema_default("calibrate", "bound_z")
+MIN_REACH: float = schema_default("calibrate", "min_reach")
+
 NEVER = 1.01  # no confidence reaches it: the exit is never taken
 ALWAYS = 0.0  # every confidence (max prob or margin) reaches it: every image leaves there
-TOLERANCE = 1e-12
-REFERENCES = ("last", "best")  # accuracies are means of booleans; do not let rounding decide feasibility
+TOLERANCE = 1e-12  # accuracies are means of booleans; do not let rounding decide feasibility
 
 Key = Callable[[float, float, bool], tuple[Any, ...]]  # (accuracy, mean_macs, feasible) -> larger is better
 
@@ -64,7 +73,7 @@ def simulate_thresholds(
     return accuracy, mean_macs, np.bincount(exits, minlength=conf.shape[1])
 
 
-def threshold_grid(conf: Any, size: int = 50) -> list[np.ndarray]:
+def threshold_grid(conf: Any, size: int = GRID) -> list[np.ndarray]:
     """Candidate thresholds per exit k < K-1: ``size`` quantiles of conf[:, k], plus ``NEVER``.
 
     Each quantile value v becomes the midpoint between v and the next smaller observed confidence
@@ -101,7 +110,7 @@ def _search(
     feasible: Callable[[np.ndarray, float], bool],
     exhaustive_limit: int,
     max_sweeps: int,
-    min_reach: float = 0.0,
+    min_reach: float,
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """Best thresholds under ``key``: every combination if there are at most ``exhaustive_limit``,
     else coordinate descent from "never exit early" (one exit's grid at a time, until no change).
@@ -149,7 +158,7 @@ def _search(
             if best is start:
                 break
     if min_reach and not any(row["feasible"] for row in seen.values()):
-        return _search(arrays, grids, key, feasible, exhaustive_limit, max_sweeps)
+        return _search(arrays, grids, key, feasible, exhaustive_limit, max_sweeps, 0.0)
     return list(best["thresholds"]), list(seen.values())
 
 
@@ -183,13 +192,13 @@ def calibrate_delta(
     correct: Any,
     cum_macs: Any,
     delta: float,
-    grid: int | Sequence[Sequence[float]] = 50,
+    grid: int | Sequence[Sequence[float]] = GRID,
     *,
     exhaustive_limit: int = 4096,
     max_sweeps: int = 10,
-    reference: str = "last",
-    z: float = 0.0,
-    min_reach: float = 0.0,
+    reference: str = REFERENCE,
+    z: float = BOUND_Z,
+    min_reach: float = MIN_REACH,
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """Thresholds with the least mean MACs whose accuracy loss against the reference is at most
     ``delta`` (a fraction: 0.003 is 0.3 pp), on the data given. ``reference``: ``last`` = always
@@ -242,12 +251,12 @@ def calibrate_budget(
     correct: Any,
     cum_macs: Any,
     budget_macs: float,
-    grid: int | Sequence[Sequence[float]] = 50,
+    grid: int | Sequence[Sequence[float]] = GRID,
     *,
     exhaustive_limit: int = 4096,
     max_sweeps: int = 10,
     least_if_none: bool = False,
-    min_reach: float = 0.0,
+    min_reach: float = MIN_REACH,
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """Thresholds with the highest accuracy whose mean MACs per image are at most ``budget_macs``
     (and, with ``min_reach`` > 0, that send at least that share of the images to every module).
@@ -318,7 +327,7 @@ def choose_ensemble_decay(fits: dict[float, dict[str, Any]], z: float = 0.0) -> 
                key=lambda d: (round(fits[d]["mean_macs"], 6), -round(fits[d]["accuracy"], 12), d))
 
 
-def calib_front(conf: Any, correct: Any, cum_macs: Any, grid: int | Sequence[Sequence[float]] = 50,
+def calib_front(conf: Any, correct: Any, cum_macs: Any, grid: int | Sequence[Sequence[float]] = GRID,
                 points: int = 41) -> list[dict[str, Any]]:
     """Thresholds fitted on these (calibration) arrays at ``points`` budgets spread over their cost
     range: for budget B, the setting of the threshold sweep with the best accuracy at mean MACs <= B
@@ -327,7 +336,7 @@ def calib_front(conf: Any, correct: Any, cum_macs: Any, grid: int | Sequence[Seq
     rows on another split traces its budget curve with nothing fitted on that split."""
     if points < 2:
         raise ValueError(f"calib_front needs at least 2 budgets, got {points}")
-    _, sweep = calibrate_budget(conf, correct, cum_macs, math.inf, grid)
+    _, sweep = calibrate_budget(conf, correct, cum_macs, math.inf, grid, min_reach=0.0)  # every setting
     rows = sorted(sweep, key=lambda r: (r["mean_macs"], -r["accuracy"]))
     front: list[dict[str, Any]] = []
     best, i = None, 0

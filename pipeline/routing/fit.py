@@ -14,6 +14,7 @@ from pipeline.models.modules import confidence
 from pipeline.params.config import CalibrateConfig
 from pipeline.routing.calibration import (
     ALWAYS,
+    GRID,
     NEVER,
     calib_front,
     calibrate_budget,
@@ -63,7 +64,7 @@ def _spread(rows: list[dict[str, Any]], low: float, high: float, count: int) -> 
 
 
 def fit_operating_points(conf: Any, correct: Any, cum_macs: Any, accurate: Sequence[float], *,
-                         grid: int = 50, count: int = POINTS_BETWEEN) -> list[OperatingPoint]:
+                         grid: int = GRID, count: int = POINTS_BETWEEN) -> list[OperatingPoint]:
     """The operating points on these held-out arrays ((N, K) each, as ``calibration``'s functions take):
     ``accurate`` (the thresholds given), up to ``count`` cheaper points of the held-out front, and
     ``exit1``; costs strictly decreasing. A one-exit model has the single point ``accurate``."""

@@ -24,8 +24,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from pipeline.models.cost import count_macs
+from pipeline.params.choices import SELECT_SCORINGS
 
-SCORINGS = ("label", "p_right")
+SCORINGS = SELECT_SCORINGS
 
 
 class Predictor(nn.Module):

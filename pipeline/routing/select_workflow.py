@@ -15,13 +15,14 @@ from pipeline.device import ComputeConfig, autocast, prefix_to
 from pipeline.io import load_split, read_json
 from pipeline.models.profile import CostModel
 from pipeline.models.store import load_module
+from pipeline.params.choices import SELECT_MODES
 from pipeline.params.config import SelectConfig
 from pipeline.routing.assemble import load_prefix
 from pipeline.routing.features import candidate_outputs, split_features
 from pipeline.routing.selection import PredictorConfig, routed_selection, static_selection
 from pipeline.search.space import Arch
 
-MODES = ("predictor", "testset")  # select.mode: a predictor per image, or the static choice
+MODES = SELECT_MODES  # select.mode: a predictor per image, or the static choice
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.params.choices import UTILITIES
 from pipeline.search.neighbourhood import centre_weights, check_rate, neighbourhood_picks
 from pipeline.search.picks import PICKS, pick_archs
-from pipeline.search.probmodel import UTILITIES, ProbModel, mle_update, utility_weights
+from pipeline.search.probmodel import ProbModel, mle_update, utility_weights
 from pipeline.search.results import Evaluation, SearchResult, clean_value
 from pipeline.search.space import Arch, Decision, SearchSpace
 from pipeline.search.treemodel import Pairs, joints_from_state, joints_state, product_joints, tree_pick, update_joints

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pipeline.params.choices import PICKS  # noqa: F401 (re-exported)
 from pipeline.search.probmodel import ProbModel, index_matrix
 from pipeline.search.space import Arch, SearchSpace
 
@@ -65,7 +66,6 @@ def pool_size(model: ProbModel, m: int, pool_factor: int, shrink: bool = True) -
     return m + int(round((pool_factor - 1) * m * ratio))
 
 
-PICKS = ("entropy", "greedy", "plain")
 
 
 def entropy_pick(model: ProbModel, m: int, rng: np.random.Generator, max_tries: int | None = None) -> list[Arch]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipeline.params.choices import UTILITIES
 from pipeline.search.space import Arch, SearchSpace
 
 # Floor inside the log so that a choice with probability 0 gives a finite hyperparameter.
@@ -175,7 +176,6 @@ def index_matrix(space: SearchSpace, archs: Sequence[Arch]) -> np.ndarray:
     return np.array([space.index(a) for a in archs], dtype=np.int64).reshape(len(archs), len(space.decisions))
 
 
-UTILITIES = ("rank", "elite", "softmax")
 
 
 def _tie_average(values: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -26,8 +26,7 @@ from torch import nn
 
 from pipeline.models.cost import count_macs
 from pipeline.models.modules import CONFIDENCE_KINDS, NO_ARCH, PlainCNN, confidence
-from pipeline.params.keys import ParamsError
-from pipeline.params.settings import schema_default, section_problems, settings
+from pipeline.params.settings import schema_config, settings
 from pipeline.train.config import TrainConfig, epochs_for, step_floor
 from pipeline.train.loop import train_module
 from pipeline.train.paths import module_outputs
@@ -52,49 +51,15 @@ def plain_macs(module: PlainCNN, image_shape: Sequence[int]) -> int:
 # ----------------------------------------------------------------------------------------- config
 
 
-def _default(key: str) -> Any:
-    return schema_default("baselines", key)  # each default written once: pipeline.params.schema.BASELINES
-
-
-_FLOATS = ("lr", "momentum", "weight_decay", "warmup_epochs", "label_smoothing", "grad_clip")
-
-
-@dataclass(frozen=True)
+@schema_config("baselines", checked=True)
 class BaselineConfig:
-    """The ``baselines`` params section: the two widths and the (shared) training recipe."""
-
-    small_width: int = _default("small_width")
-    large_width: int = _default("large_width")
-    epochs: int = _default("epochs")
-    min_steps: int = _default("min_steps")
-    min_steps_hard: int = _default("min_steps_hard")
-    batch_size: int = _default("batch_size")
-    lr: float = _default("lr")
-    momentum: float = _default("momentum")
-    weight_decay: float = _default("weight_decay")
-    schedule: str = _default("schedule")
-    warmup_epochs: float = _default("warmup_epochs")
-    crop_padding: int = _default("crop_padding")
-    flip: bool = _default("flip")
-    label_smoothing: float = _default("label_smoothing")
-    grad_clip: float = _default("grad_clip")
-
-    def __post_init__(self) -> None:
-        problems = section_problems({f.name: getattr(self, f.name) for f in fields(self)}, "baselines")
-        if problems:  # the schema's check (pipeline.params.schema.BASELINES), every problem at once
-            raise ParamsError(problems)
-        for name in _FLOATS:  # YAML writes 1 for 1.0: store floats as floats
-            object.__setattr__(self, name, float(getattr(self, name)))
+    """The ``baselines`` params section: the two widths and their training recipe, the same keys as the
+    modules' ``train`` section (pipeline.params.schema.BASELINES takes them from TRAIN)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> BaselineConfig:
         """Build from the ``baselines`` section (None or {} = defaults), checked by the schema."""
         return cls(**vars(settings({"baselines": d}, "baselines")))
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> BaselineConfig:
-        """The ``baselines`` section of the params (absent: the schema's defaults)."""
-        return cls(**vars(settings(params, "baselines")))
 
     def floor(self, hard: bool) -> int:
         """The step floor: ``min_steps``, or ``min_steps_hard`` on hard data (as the modules')."""
@@ -105,41 +70,21 @@ class BaselineConfig:
         return replace(self, epochs=epochs_for(self.epochs, self.floor(hard), images, self.batch_size))
 
     def train_config(self, seed: int) -> TrainConfig:
-        """The recipe as a ``TrainConfig``: plain cross-entropy (lam = mu = 0)."""
-        return TrainConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
-                           weight_decay=self.weight_decay, schedule=self.schedule,
-                           warmup_epochs=self.warmup_epochs, crop_padding=self.crop_padding, flip=self.flip,
-                           lam=0.0, mu=0.0, seed=seed, label_smoothing=self.label_smoothing,
-                           grad_clip=self.grad_clip)
+        """The recipe as a ``TrainConfig``: its keys, plain cross-entropy (lam = mu = 0)."""
+        recipe = {k: v for k, v in self.section().items() if k not in ("small_width", "large_width")}
+        return TrainConfig(**recipe, lam=0.0, mu=0.0, seed=seed)
 
 
 # ----------------------------------------------------------------------------------------- training
 
 
-def train_baseline(
-    width: int,
-    images_uint8: np.ndarray,
-    labels: np.ndarray,
-    mean: Sequence[float],
-    std: Sequence[float],
-    num_classes: int,
-    cfg: BaselineConfig,
-    seed: int,
-    *,
-    on_epoch: EpochCallback | None = None,
-    progress: bool = True,
-    device: torch.device | None = None,
-    precision: str = "fp32",
-) -> PlainCNN:
-    """A ``PlainCNN`` of ``width`` trained on images (N, C, H, W) uint8, returned on the CPU in eval mode.
-
-    Initial weights come from ``seed`` in a forked RNG (the caller's global RNG is untouched); data
-    order and augmentation from ``seed`` too, so the same inputs give bitwise-identical weights on CPU.
-    ``device`` (default: the CPU) is where it trains (weights initialised on the CPU, then moved);
-    ``precision`` (``compute.precision``) is passed on to ``train_module``.
-    """
+def train_baseline(width: int, images_uint8: np.ndarray, labels: np.ndarray, mean: Sequence[float],
+                   std: Sequence[float], num_classes: int, cfg: BaselineConfig, seed: int,
+                   **options: Any) -> PlainCNN:
+    """A ``PlainCNN`` of ``width`` trained on images (N, C, H, W) uint8, returned on the CPU in eval mode;
+    ``options`` (``on_epoch``, ``progress``, ``device``, ``precision``) as :func:`train_single_exit` takes them."""
     return train_single_exit(lambda c: PlainCNN(width, c, num_classes), images_uint8, labels, mean, std, cfg,
-                             seed, on_epoch=on_epoch, progress=progress, device=device, precision=precision)
+                             seed, **options)
 
 
 def train_single_exit(
@@ -157,7 +102,13 @@ def train_single_exit(
     precision: str = "fp32",
 ) -> nn.Module:
     """A single-exit net ``build(in_channels)`` (a ``PlainCNN``, or one of the field's nets of
-    :mod:`pipeline.models.anchors`) trained by the baselines' recipe, as :func:`train_baseline` says."""
+    :mod:`pipeline.models.anchors`) trained by the baselines' recipe on images (N, C, H, W) uint8, returned
+    on the CPU in eval mode.
+
+    Initial weights come from ``seed`` in a forked RNG (the caller's global RNG is untouched); data
+    order and augmentation from ``seed`` too, so the same inputs give bitwise-identical weights on CPU.
+    ``device`` (default: the CPU) is where it trains (weights initialised on the CPU, then moved);
+    ``precision`` (``compute.precision``) is passed on to ``train_module``."""
     images_uint8 = np.asarray(images_uint8)
     if images_uint8.ndim != 4 or images_uint8.dtype != np.uint8:
         raise ValueError(f"images must be uint8 (N, C, H, W), got {images_uint8.dtype} {images_uint8.shape}")

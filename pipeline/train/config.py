@@ -5,73 +5,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from typing import Any
 
+from pipeline.params.choices import PICKS, SAMPLERS, SCHEDULES  # noqa: F401 (re-exported)
 from pipeline.params.config import ConfigError, deep_merge, section
-from pipeline.params.settings import schema_default, section_problems
-from pipeline.search.picks import PICKS
-
-SCHEDULES = ("cosine", "step", "constant")
-SAMPLERS = ("uniform", "probmodel")
-
-
+from pipeline.params.settings import schema_config
 
 # ----------------------------------------------------------------------------------------- config
 
 
-def _default(key: str) -> Any:
-    return schema_default("train", key)  # each default written once: pipeline.params.schema.TRAIN
-
-
-@dataclass(frozen=True)
+@schema_config("train", checked=True)
 class TrainConfig:
-    """How one module trains; the method-B fields (``sampler`` on) matter for supernets only."""
-
-    epochs: int
-    batch_size: int
-    lr: float
-    min_steps: int = _default("min_steps")  # epochs are raised until training takes at least this many optimiser steps
-    # the floor instead, where grade found the data hard (pipeline.data.difficulty.is_hard)
-    min_steps_hard: int = _default("min_steps_hard")
-    momentum: float = _default("momentum")
-    weight_decay: float = _default("weight_decay")
-    schedule: str = _default("schedule")
-    warmup_epochs: float = _default("warmup_epochs")
-    crop_padding: int = _default("crop_padding")
-    flip: bool = _default("flip")
-    erase: float = _default("erase")  # random erasing: probability per training image (0 = off)
-    lam: float = _default("lam")
-    mu: float = _default("mu")
-    seed: int = _default("seed")
-    label_smoothing: float = _default("label_smoothing")
-    sampler: str = _default("sampler")
-    m: int = _default("m")  # subnets per step (the batch is split into m chunks)
-    pick: str = _default("pick")  # method B's m subnets per step: entropy (Latin hypercube) | greedy | plain
-    pool_factor: int = _default("pool_factor")
-    temperature: float = _default("temperature")
-    smoothing: float = _default("smoothing")
-    step: float = _default("step")  # MLE mixing step of P(i) with P(i-1)
-    beta: float = _default("beta")
-    mi_eps: float = _default("mi_eps")
-    lambda_c: float = _default("lambda_c")  # cost weight in perf
-    sandwich: bool = _default("sandwich")  # supernets: also train the largest and the smallest path on every batch
-    # supernets with sandwich: weight of in-place distillation from the largest path
-    distill: float = _default("distill")
-    utility: str = _default("utility")  # MLE weights from perf: rank (scale-free) | elite | softmax (raw perf / T)
-    # with sandwich: a path's perf is its CE minus the largest path's (same images)
-    paired_perf: bool = _default("paired_perf")
-    # weight of distillation from soft targets (a teacher's probabilities per image); 0 = off
-    kd: float = _default("kd")
-    # the student's logits are divided by it (the soft targets were made at it)
-    kd_temperature: float = _default("kd_temperature")
-    grad_clip: float = _default("grad_clip")  # clip the gradients' global norm to this before each step; 0 = off
-    processes: int = _default("processes")  # data-parallel ranks (the stage relaunches itself under torchrun when > 1)
-
-    def __post_init__(self) -> None:
-        for problem in section_problems({f.name: getattr(self, f.name) for f in fields(self)}, "train",
-                                        "TrainConfig"):
-            raise ValueError(problem)  # the schema's check (pipeline.params.schema.TRAIN), the first problem
+    """How one module trains: the ``train`` section's keys (pipeline.params.schema.TRAIN, where each is
+    documented), with a module's ``modules.mK.train`` overrides; the method-B keys (``sampler`` on) matter
+    for supernets only. Built from keywords and checked by the schema (a bad value: ParamsError)."""
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> TrainConfig:

@@ -168,3 +168,54 @@ def test_settings_fields_are_typed_from_the_schema_and_the_params_fit_them() -> 
             assert _fits(getattr(view, field.name), field.type), (name, field.name, getattr(view, field.name))
     typed = {f.name: f.type for f in dataclasses.fields(settings(params, "calibrate"))}
     assert typed["budget_macs"] == float | None
+
+
+# ------------------------------------------------------------------------ typed configs from the schema
+
+
+def test_a_typed_config_has_the_schema_keys_as_fields_in_order_with_its_defaults() -> None:
+    from pipeline.params.config import CalibrateConfig, SelectConfig
+    from pipeline.params.schema import CALIBRATE, SELECT
+
+    assert [f.name for f in dataclasses.fields(CalibrateConfig)] == list(CALIBRATE)
+    assert [f.name for f in dataclasses.fields(SelectConfig)] == [*SELECT, "seed"]  # the extra field last
+    defaults = {f.name: f.default for f in dataclasses.fields(CalibrateConfig)}
+    assert defaults["grid"] == CALIBRATE["grid"].default and defaults["ensemble_decays"] == tuple(
+        CALIBRATE["ensemble_decays"].default)
+    assert CalibrateConfig.__name__ == "CalibrateConfig" and "thresholds" in (CalibrateConfig.__doc__ or "")
+
+
+def test_a_typed_config_stores_numbers_as_floats_and_lists_as_tuples_and_gives_them_back() -> None:
+    from pipeline.params.config import CalibrateConfig
+
+    cfg = CalibrateConfig.from_params({"calibrate": {"delta": 0, "ensemble_decays": [0, 1]}})
+    assert isinstance(cfg.delta, float) and cfg.ensemble_decays == (0, 1)
+    assert hash(cfg)  # frozen and hashable
+    assert cfg.section()["ensemble_decays"] == [0, 1] and list(cfg.section()) == list(SCHEMA["calibrate"].keys)
+
+
+def test_a_checked_config_built_from_keywords_refuses_a_bad_value_naming_it() -> None:
+    from pipeline.train.baselines import BaselineConfig
+    from pipeline.train.config import TrainConfig
+
+    with pytest.raises(ParamsError, match=r"BaselineConfig\.lr must be > 0"):
+        BaselineConfig(lr=-1)
+    with pytest.raises(ParamsError, match=r"TrainConfig\.schedule must be one of"):
+        TrainConfig(epochs=1, batch_size=8, lr=0.1, schedule="linear")
+    with pytest.raises(TypeError):  # keyword-only: a positional value cannot land in the wrong field
+        TrainConfig(1, 8, 0.1)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="epochs"):  # a key the schema requires has no default
+        TrainConfig(batch_size=8, lr=0.1)  # type: ignore[call-arg]
+
+
+def test_the_baselines_recipe_is_the_modules_recipe() -> None:
+    from pipeline.params.schema import BASELINES, TRAIN
+    from pipeline.train.baselines import BaselineConfig
+
+    recipe = set(BASELINES) - {"small_width", "large_width"}
+    assert recipe <= set(TRAIN)
+    assert all(BASELINES[k].type == TRAIN[k].type and BASELINES[k].ge == TRAIN[k].ge for k in recipe)
+    cfg = BaselineConfig(epochs=3, lr=0.05, grad_clip=1.0)
+    train = cfg.train_config(seed=7)
+    assert {k: getattr(train, k) for k in recipe} == {k: getattr(cfg, k) for k in recipe}
+    assert (train.lam, train.mu, train.seed) == (0.0, 0.0, 7)

@@ -29,7 +29,7 @@ from pipeline.registry.heal import (
 )
 from pipeline.registry.register import CHALLENGER, CHAMPION, RegisterConfig, promote
 
-CFG = RegisterConfig("heal-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
+CFG = RegisterConfig(model_name="heal-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
 SEED, BETTER, WORSE = 0.5, 0.6, 0.3  # accuracies: the first champion, a candidate that passes, one that fails
 
 

@@ -55,7 +55,7 @@ from tests.routing.test_package import save_tiny, uint8_images, write_image_file
 from tests.team import free_port, subprocess_env
 
 VENV_BIN = Path(sys.executable).parent
-CFG = RegisterConfig("tiny-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
+CFG = RegisterConfig(model_name="tiny-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +194,7 @@ def test_register_config() -> None:
     def params(**kw: object) -> dict:
         return {"register": {"model_name": "m", "acc_tolerance": 0, "macs_tolerance": 0.1, **kw}}
 
-    assert RegisterConfig.from_params(params()) == RegisterConfig("m", 0.0, 0.1)
+    assert RegisterConfig.from_params(params()) == RegisterConfig(model_name="m", acc_tolerance=0.0, macs_tolerance=0.1)
     with pytest.raises(ConfigError, match="register.macs_tolerance"):
         RegisterConfig.from_params(params(macs_tolerance=-1))
     with pytest.raises(ConfigError, match="register.model_name"):

@@ -27,7 +27,7 @@ from pipeline.registry import mlflow_models, tracking
 from pipeline.registry.register import CHAMPION, RegisterConfig, promote
 
 ROUNDS = 10
-CFG = RegisterConfig("race-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
+CFG = RegisterConfig(model_name="race-cascade", acc_tolerance=0.002, macs_tolerance=0.05)
 ROLES = ("A", "B")
 
 

@@ -225,10 +225,14 @@ def test_loss_bound_is_the_paired_mean_plus_z_standard_errors():
     assert loss_bound(ref, ref, 3.0) == 0.0  # never disagreeing: no noise to pay for
 
 
-def test_z_zero_is_the_point_estimate_rule():
+def test_the_defaults_are_the_shipped_rule():
+    """A caller that leaves the rule's settings out gets what a run gets: the schema's calibrate defaults."""
+    from pipeline.params.config import CalibrateConfig
+
+    cfg = CalibrateConfig.from_params({})
     conf, correct, cum = synthetic(500, 3, seed=4)
-    assert calibrate_delta(conf, correct, cum, 0.01, 20, reference="best")[0] == \
-        calibrate_delta(conf, correct, cum, 0.01, 20, reference="best", z=0.0)[0]
+    assert calibrate_delta(conf, correct, cum, 0.01)[0] == calibrate_delta(
+        conf, correct, cum, 0.01, cfg.grid, reference=cfg.reference, z=cfg.bound_z, min_reach=cfg.min_reach)[0]
 
 
 def test_the_bound_keeps_images_going_on_a_small_set_and_costs_little_on_a_large_one():

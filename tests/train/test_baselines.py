@@ -185,8 +185,8 @@ def test_two_cnn_threshold_never_exits_when_confident_and_wrong() -> None:
     right_small = np.arange(100) % 2 == 0  # confident but wrong on half
     threshold = two_cnn_threshold(conf, right_small, np.ones(100, dtype=bool), 100, 900, delta=0.01)
     assert threshold == NEVER
-    # with a delta that tolerates the loss, everything leaves at the small net
-    assert two_cnn_threshold(conf, right_small, np.ones(100, dtype=bool), 100, 900, delta=0.5) <= 0.9
+    # with a delta that tolerates the loss (the point estimate, z = 0), everything leaves at the small net
+    assert two_cnn_threshold(conf, right_small, np.ones(100, dtype=bool), 100, 900, delta=0.5, z=0.0) <= 0.9
 
 
 def test_two_cnn_threshold_checks_shapes() -> None:
