@@ -476,7 +476,7 @@ def test_request_size_counts_pixel_values() -> None:
     message = f"holds {size:,} bytes of image data, over the limit of {size - 1:,}"
     with pytest.raises(ValueError, match=message):
         decode_payload(frame, (1, 16, 16), max_bytes=size - 1)
-    with pytest.raises(ValueError, match="over the limit of 16,777,216 bytes"):  # the default, 16 MiB
+    with pytest.raises(ValueError, match="over the limit of 8,388,608 bytes"):  # the default, 8 MiB
         decode_payload(frame_of(np.zeros((1, 4097, 4096), np.uint8), column="pixels"), (1, 16, 16))
 
 

@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from pipeline.data.sources import DEFAULT_MAX_PIXELS, image_header
-from pipeline.registry.payload import MAX_REQUEST_PIXELS
+from pipeline.data.decode import DEFAULT_MAX_PIXELS
+from pipeline.data.request_images import (  # noqa: F401 (declared_pixels re-exported for the decoders)
+    MAX_REQUEST_BYTES,
+    MAX_REQUEST_PIXELS,
+    RequestError,
+    check_request_pixels,
+    declared_pixels,
+)
 
 RAW_TYPES = ("image/png", "image/jpeg", "application/octet-stream")  # one image per request, its bytes
 JSON_TYPE = "application/json"
@@ -30,7 +36,7 @@ class ServeLimits:
     ``timeout``: seconds a request may wait for its answer (then 504).
     """
 
-    max_bytes: int = 8 * 1024 * 1024
+    max_bytes: int = MAX_REQUEST_BYTES
     max_images: int = 256
     max_pixels: int = DEFAULT_MAX_PIXELS
     max_request_pixels: int = MAX_REQUEST_PIXELS
@@ -46,12 +52,8 @@ class ServeLimits:
                 raise ValueError(f"ServeLimits.{f.name} must be a number > 0, got {value!r}")
 
 
-class BadRequest(ValueError):
-    """A request the server answers with ``status`` (4xx) and this message."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
+BadRequest = RequestError  # a request the server answers with ``status`` (4xx) and this message: the one
+# refusal every served path and the request decoder (pipeline.data.request_images) raise
 
 
 def media_type(content_type: str | None) -> str:
@@ -124,21 +126,8 @@ def check_count(count: int, limits: ServeLimits) -> None:
                          status=413)
 
 
-def declared_pixels(data: bytes) -> int:
-    """Width x height an image's header declares, nothing decoded; 0 when it has no readable header
-    (the decoder then names the problem)."""
-    try:
-        _, width, height = image_header(data)
-    except ValueError:
-        return 0
-    return max(0, width) * max(0, height)
-
-
 def check_declared(pixels: list[int], limits: ServeLimits) -> None:
     """A BadRequest (413) when the pixels the images of a request declare (from their headers, before
     any decoding; an image over ``max_pixels`` counts at that limit: it is refused by name when
     decoded) add up to more than ``max_request_pixels``."""
-    declared = sum(min(p, limits.max_pixels) for p in pixels)
-    if declared > limits.max_request_pixels:
-        raise BadRequest(f"the request's images declare {declared:,} pixels in all (from their headers), "
-                         f"over the limit of {limits.max_request_pixels:,} per request", status=413)
+    check_request_pixels(pixels, limits.max_pixels, limits.max_request_pixels)

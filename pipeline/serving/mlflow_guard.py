@@ -27,9 +27,17 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from pipeline.serving.limits import BadRequest, ServeLimits, check_headers, check_text, media_type
+from pipeline.serving.limits import (
+    MAX_REQUEST_BYTES,
+    BadRequest,
+    ServeLimits,
+    check_headers,
+    check_text,
+    media_type,
+)
 
-MAX_BYTES = 20 * 1024 * 1024  # above the model's 16 MiB of image data (base64 and JSON add a third)
+# The body may hold the model's MAX_REQUEST_BYTES of image data (base64 text) and the JSON around it.
+MAX_BYTES = MAX_REQUEST_BYTES * 5 // 4
 MAX_DEPTH = 32  # the scoring formats nest 4 deep at most
 MAX_ERROR_BYTES = 4096
 CONTENT_TYPES = ("application/json", "text/csv")  # MLflow's scoring server reads these

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.sources import DataError, decode_image_bytes
+from pipeline.data.request_images import Item, decode_items
 from pipeline.serving.limits import (
     JSON_TYPE,
     BadRequest,
@@ -39,7 +39,6 @@ from pipeline.serving.limits import (
 )
 
 RAW_KEY = "image"  # what the guard wraps a raw image body into: {"image": "<base64>"}
-MAX_LISTED = 10
 BUDGET_KEY = "budget"  # a request's cost ceiling: MACs per image, or an operating point's name
 BUDGET_HEADER = "x-cascade-budget"  # the same as a header (the JSON field wins where both are given)
 DEADLINE_KEY = "deadline_ms"  # a request's deadline: ms from its arrival to its answer (admission, 429)
@@ -65,63 +64,27 @@ def parse_json(body: bytes, limits: ServeLimits) -> Any:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
 
 
-def _b64(value: Any, where: str) -> bytes:
-    if not isinstance(value, str):
-        raise BadRequest(f"{where}: must be a base64 string, got {type(value).__name__}")
-    if value.startswith("data:") and "," in value:
-        value = value.split(",", 1)[1]
-    try:
-        data = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        try:
-            data = base64.b64decode("".join(value.split()), validate=True)
-        except (binascii.Error, ValueError):
-            raise BadRequest(f"{where}: not valid base64") from None
-    if not data:
-        raise BadRequest(f"{where}: empty image")
-    return data
+def _decode(items: list[Item], shape: Sequence[int], limits: ServeLimits) -> np.ndarray:
+    return decode_items(items, shape, max_pixels=limits.max_pixels, max_bytes=limits.max_bytes,
+                        max_request_pixels=limits.max_request_pixels)
 
 
 def decode_images(items: Sequence[Any], shape: Sequence[int], limits: ServeLimits,
                   names: Sequence[str] | None = None) -> np.ndarray:
-    """base64 PNG/JPEG strings -> uint8 (N, C, H, W); a BadRequest naming every bad item."""
+    """base64 PNG/JPEG strings -> uint8 (N, C, H, W), by the one request decoder
+    (:func:`pipeline.data.request_images.decode_items`); a BadRequest naming every bad item."""
     if not items:
         raise BadRequest("the request holds no images: send at least one")
     check_count(len(items), limits)
     if names is None:
         names = [f"image {i}" for i in range(len(items))] if len(items) > 1 else ["image"]
-    errors, blobs = [], []
-    for name, item in zip(names, items, strict=True):
-        try:
-            blobs.append(_b64(item, name))
-        except BadRequest as exc:
-            errors.append(str(exc))
-            blobs.append(b"")
-    return _decode_blobs(blobs, names, errors, shape, limits)
+    return _decode([Item(name, "base64", item) for name, item in zip(names, items, strict=True)], shape, limits)
 
 
 def decode_raw(body: bytes, shape: Sequence[int], limits: ServeLimits) -> np.ndarray:
     """A raw image body -> uint8 (1, C, H, W), refused with the words :func:`decode_images` gives the same
-    image sent as ``{"image": base64}`` (what the guard once wrapped it into for the worker)."""
-    return _decode_blobs([body], ["image"], [] if body else ["image: empty image"], shape, limits)
-
-
-def _decode_blobs(blobs: list[bytes], names: Sequence[str], errors: list[str], shape: Sequence[int],
-                  limits: ServeLimits) -> np.ndarray:
-    c, h, w = (int(v) for v in shape)
-    check_declared([declared_pixels(b) for b in blobs], limits)
-    images = []
-    for name, blob in zip(names, blobs, strict=True):
-        if not blob:
-            continue
-        try:
-            images.append(decode_image_bytes(blob, c, (h, w), max_pixels=limits.max_pixels, name=name))
-        except (DataError, ValueError, OSError) as exc:
-            errors.append(str(exc) if str(exc).startswith(name) else f"{name}: {exc}")
-    if errors:
-        more = f"; and {len(errors) - MAX_LISTED} more" if len(errors) > MAX_LISTED else ""
-        raise BadRequest("; ".join(errors[:MAX_LISTED]) + more)
-    return np.stack(images)
+    image sent as ``{"image": base64}``."""
+    return _decode([Item("image", "bytes", body)], shape, limits)
 
 
 def _prefix_pixels(item: Any) -> int:
@@ -180,11 +143,8 @@ def decode_payload(payload: Any, shape: Sequence[int], limits: ServeLimits) -> n
         except (ValueError, TypeError) as exc:
             raise BadRequest(f"the dataframe cannot be read: {exc}") from None
         check_count(len(frame), limits)
-        try:
-            return decode_frame(frame, shape, max_pixels=limits.max_pixels, max_bytes=limits.max_bytes,
-                                max_request_pixels=limits.max_request_pixels)
-        except ValueError as exc:
-            raise BadRequest(str(exc)) from None
+        return decode_frame(frame, shape, max_pixels=limits.max_pixels, max_bytes=limits.max_bytes,
+                            max_request_pixels=limits.max_request_pixels)
     keys = ", ".join(sorted(map(str, payload))[:5]) or "none"
     raise BadRequest(f"the JSON body needs 'image', 'images', 'dataframe_split' or 'dataframe_records'; "
                      f"got keys {keys}")
@@ -201,11 +161,7 @@ def decode_body(body: bytes, content_type: str | None, shape: Sequence[int], lim
         return decode_payload(parse_json(body, limits), shape, limits)
     if not body:
         raise BadRequest("the request body is empty")
-    c, h, w = (int(v) for v in shape)
-    try:
-        return decode_image_bytes(body, c, (h, w), max_pixels=limits.max_pixels, name="the image")[None]
-    except (DataError, ValueError, OSError) as exc:
-        raise BadRequest(str(exc)) from None
+    return _decode([Item("the image", "bytes", body)], shape, limits)
 
 
 def parse_budget(value: Any) -> str | float | None:

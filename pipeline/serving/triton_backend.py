@@ -15,18 +15,15 @@ bounds bodies and its queue.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import os
 from typing import Any
 
 import numpy as np
 
-from pipeline.data.sources import DataError, decode_image_bytes
-from pipeline.registry.payload import MAX_REQUEST_PIXELS
+from pipeline.data.request_images import MAX_REQUEST_PIXELS, Item, RequestError, decode_items
 from pipeline.serving.engines import freeze_heap
-from pipeline.serving.limits import ServeLimits, check_count, check_declared, declared_pixels
+from pipeline.serving.limits import ServeLimits, check_count
 from pipeline.serving.onnx_engine import OnnxCascade
 
 MAGIC = (b"\x89PNG", b"\xff\xd8\xff")  # raw PNG/JPEG bytes (binary tensor extension); otherwise base64 text
@@ -43,14 +40,10 @@ def onnx_path(onnx_dir: str, model_folder: str) -> str:
     return onnx_dir if os.path.isabs(onnx_dir) else os.path.join(model_folder, onnx_dir)
 
 
-def image_bytes(element: bytes) -> bytes:
-    """One element of the ``image`` tensor: raw PNG/JPEG bytes, or their base64 text (JSON requests)."""
-    if element.startswith(MAGIC):
-        return element
-    try:
-        return base64.b64decode(element, validate=True)
-    except (binascii.Error, ValueError):
-        raise DataError("image is neither PNG/JPEG bytes nor their base64 text") from None
+def image_item(element: bytes, name: str) -> Item:
+    """One element of the ``image`` tensor as the request decoder's item: raw PNG/JPEG bytes (binary
+    tensor extension), or their base64 text (JSON requests)."""
+    return Item(name, "bytes" if element.startswith(MAGIC) else "base64", element)
 
 
 def request_limits(settings: dict[str, str]) -> ServeLimits:
@@ -61,17 +54,16 @@ def request_limits(settings: dict[str, str]) -> ServeLimits:
 
 
 def decode_request(elements: list[bytes], shape: tuple[int, int, int], limits: ServeLimits) -> np.ndarray:
-    """A request's images as uint8 ``(n, C, H, W)``; a ValueError (:class:`DataError` naming the bad
-    image, or the checker's :class:`~pipeline.serving.limits.BadRequest` for the request's budgets)."""
+    """A request's images as uint8 ``(n, C, H, W)``, by the one request decoder
+    (:func:`pipeline.data.request_images.decode_items`); a ValueError (its RequestError) naming every
+    bad image, or the request's budget it is over."""
     if not elements:
-        raise DataError("the request has no image")
+        raise RequestError("the request has no image")
     check_count(len(elements), limits)
-    blobs = [image_bytes(e) for e in elements]
-    check_declared([declared_pixels(b) for b in blobs], limits)
-    c, h, w = shape
-    return np.stack([decode_image_bytes(b, c, (h, w), max_pixels=limits.max_pixels,
-                                        name=f"image {i}" if len(blobs) > 1 else "image")
-                     for i, b in enumerate(blobs)])
+    names = [f"image {i}" for i in range(len(elements))] if len(elements) > 1 else ["image"]
+    return decode_items([image_item(e, n) for e, n in zip(elements, names, strict=True)], shape,
+                        max_pixels=limits.max_pixels, max_bytes=limits.max_bytes,
+                        max_request_pixels=limits.max_request_pixels)
 
 
 def answer_arrays(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:

@@ -149,7 +149,7 @@ def test_the_worker_unpacks_the_decoded_form_and_decodes_no_image(worker: object
     def no_decoding(*args: object, **kwargs: object) -> None:
         raise AssertionError("the worker decoded an image")
 
-    for module, name in ((server, "decode_payload"), (requests, "decode_images"), (requests, "decode_image_bytes")):
+    for module, name in ((server, "decode_payload"), (requests, "decode_images"), (requests, "decode_items")):
         monkeypatch.setattr(module, name, no_decoding)
     job = worker.decode_request(forwarded)
     assert isinstance(job, Job) and np.array_equal(job.images, images) and job.point.name == "accurate"

@@ -74,7 +74,7 @@ def test_the_json_forms_agree_with_the_raw_form() -> None:
     (b"garbage", "image/png", 400, "not a PNG or JPEG"),
     (png_claiming(20000, 20000), "image/png", 400, "too large"),
     (b'{"images": ["%%%", 3]}', "application/json", 400,
-     "image 0: not valid base64; image 1: must be a base64"),
+     "2 of 2 images are bad: image 0 is not valid base64; image 1 must be a base64"),
     (b'{"image": "abc', "application/json", 400, "not valid JSON"),
     (b"\xff\xfe{}", "application/json", 400, "not UTF-8"),
     (b"[" * 40 + b"]" * 40, "application/json", 400, "nests deeper than 32"),

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.data.sources import DataError
 from pipeline.routing.package import load_cascade
 from pipeline.routing.recognize import recognize_arrays
 from pipeline.serving.limits import BadRequest, ServeLimits
@@ -33,7 +32,7 @@ from pipeline.serving.triton import (
     triton_home,
     write_repository,
 )
-from pipeline.serving.triton_backend import decode_request, image_bytes, onnx_path, parameters, request_limits
+from pipeline.serving.triton_backend import decode_request, onnx_path, parameters, request_limits
 from tests.routing.test_package import uint8_images
 from tests.serving.test_requests import png
 
@@ -59,10 +58,11 @@ def outputs(answer: dict) -> dict[str, list]:
 
 def test_an_element_is_raw_image_bytes_or_their_base64() -> None:
     raw = png(np.zeros((8, 8), dtype=np.uint8))
-    assert image_bytes(raw) == raw
-    assert image_bytes(base64.b64encode(raw)) == raw
-    with pytest.raises(DataError, match="neither PNG/JPEG bytes nor their base64"):
-        image_bytes(b"not base64 at all!")
+    limits = ServeLimits()
+    assert np.array_equal(decode_request([raw], (1, 8, 8), limits), decode_request([base64.b64encode(raw)],
+                                                                                   (1, 8, 8), limits))
+    with pytest.raises(BadRequest, match="^image is not valid base64"):
+        decode_request([b"not base64 at all!"], (1, 8, 8), limits)
 
 
 def test_a_request_is_decoded_with_its_limits_naming_the_bad_image() -> None:
@@ -72,11 +72,11 @@ def test_a_request_is_decoded_with_its_limits_naming_the_bad_image() -> None:
     with pytest.raises(BadRequest, match="3 images, over the limit of 2") as caught:
         decode_request([good] * 3, (1, 4, 4), limits)
     assert caught.value.status == 413
-    with pytest.raises(DataError, match="^image 1 "):
+    with pytest.raises(BadRequest, match="^image 1 "):
         decode_request([good, b"\x89PNG broken"], (1, 4, 4), limits)
-    with pytest.raises(DataError, match="image"):
+    with pytest.raises(BadRequest, match="image"):
         decode_request([good], (1, 4, 4), ServeLimits(max_images=2, max_pixels=10))  # 64 pixels over 10
-    with pytest.raises(DataError, match="no image"):
+    with pytest.raises(BadRequest, match="no image"):
         decode_request([], (1, 4, 4), limits)
     with pytest.raises(BadRequest, match="declare 128 pixels in all"):  # two 8 x 8 headers, 100 allowed
         decode_request([good, good], (1, 4, 4), ServeLimits(max_images=2, max_request_pixels=100))
