@@ -38,7 +38,7 @@ def train_variants(run: Path, net: str, variants: list[str]) -> dict[str, dict[s
     import torch
     import yaml
 
-    from pipeline.evaluation.baselines_workflow import SEED_OFFSETS, sized_config
+    from pipeline.workflows.baselines import SEED_OFFSETS, sized_config
     from pipeline.io import load_held_out, load_split, read_json
     from pipeline.params.config import CalibrateConfig
     from pipeline.train.baselines import LARGE, BaselineConfig, plain_outputs, train_baseline

@@ -2,7 +2,7 @@
 (widths from `baselines`), and calibrate the two of them chained (small first) on the held-out images
 by the cascade's own rule (`calibrate.delta`, `calibrate.grid`, `model.confidence`). Writes both nets
 and their record to one model directory, and held-out metrics. Never reads the test split.
-The workflow: pipeline.evaluation.baselines_workflow."""
+The workflow: pipeline.workflows.baselines."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 from pipeline.device import ComputeConfig
-from pipeline.evaluation.baselines_workflow import train_baselines
 from pipeline.io import atomic_path, write_json
 from pipeline.params.config import CalibrateConfig, ConfidenceConfig, RunConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.train.baselines import LARGE, SMALL, BaselineConfig, save_baselines
+from pipeline.workflows.baselines import train_baselines
 from stages.common import cli, params_of, parser
 
 

@@ -6,7 +6,7 @@ cascade once more in budget mode, held to the selected cascade's mean MACs (the 
 What ships (`--out`) is decided here, on the same held-out images, before test is read: the calibrated
 cascade, unless one of the run's plain CNNs (`--baselines`) reads more than one standard error higher
 at <= 1.1x its MACs. Each cascade keeps the exit-ensemble decay (`calibrate.ensemble_decays`) the rule
-chooses. The workflow: pipeline.evaluation.calibrate_workflow."""
+chooses. The workflow: pipeline.workflows.calibrate."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline.device import ComputeConfig
-from pipeline.evaluation.calibrate_workflow import BUDGET_TWIN, CalibrateInputs, calibrate_cascades
 from pipeline.io import atomic_path, write_json
 from pipeline.params.config import CalibrateConfig, ConfidenceConfig, ParamsRecord, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.packaging import save_cascade
+from pipeline.workflows.calibrate import BUDGET_TWIN, CalibrateInputs, calibrate_cascades
 from stages.common import cli, params_of, parser
 
 OUTS = {"selected": "out", "testset": "out_testset", "default": "out_fixed", BUDGET_TWIN: "out_fixed_at_macs"}

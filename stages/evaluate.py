@@ -7,20 +7,20 @@ read on test. Reports accuracy, average MACs, latency at batch 1 and throughput 
 difficulty level, per-class accuracy and the confusion matrix; plots the budget and anytime curves; ends
 with routing's verdict per supernet. When calibrate shipped a plain CNN instead of the cascade, the
 cascade is rebuilt from the modules and calibrate's fit, and the dominance verdict is the shipped
-model's. The workflow: pipeline.evaluation.evaluate_workflow."""
+model's. The workflow: pipeline.workflows.evaluate."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pipeline.device import ComputeConfig
-from pipeline.evaluation.evaluate_workflow import EvaluateInputs, evaluate_models
 from pipeline.evaluation.suite import headline, write_evaluation_plots
 from pipeline.io import write_json
 from pipeline.models.config import ModelConfig
 from pipeline.params.config import CalibrateConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.train.baselines import BaselineConfig
+from pipeline.workflows.evaluate import EvaluateInputs, evaluate_models
 from stages.common import cli, params_of, parser
 
 INPUTS = {"data": "directory written by ingest", "graded": "directory written by grade (grading model)",

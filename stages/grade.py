@@ -1,7 +1,7 @@
 """Grade the difficulty of every training image (1 - out-of-fold p(true class) from a cheap
 scikit-learn model), bin the scores into levels, and write one training id list per module by the
 curriculum. Checks the grading with Great Expectations; writes metrics, plots and the grading model.
-The workflow: pipeline.data.grade_workflow."""
+The workflow: pipeline.workflows.grade."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.data.grade_workflow import GradingFailed, grade_training_set
 from pipeline.data.grader_store import GRADER_FILE, save_grader
 from pipeline.io import atomic_path, load_split, read_json, write_json
 from pipeline.params.config import GradeConfig, ParamsRecord, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.report.plots import level_examples, score_histogram
+from pipeline.workflows.grade import GradingFailed, grade_training_set
 from stages.common import StageFailed, cli, params_of, parser
 
 

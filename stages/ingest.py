@@ -10,12 +10,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pipeline.data.input_shape import resolve_input
-from pipeline.data.sources import DataError, load_source, skipped_note
-from pipeline.data.splits import SplitPlan, check_class_coverage, make_splits, split_meta
+from pipeline.data.sources import skipped_note
 from pipeline.io import atomic_path, save_split, write_json
 from pipeline.params.config import DataConfig, ParamsRecord, TrackingConfig
 from pipeline.registry.tracking import stage_run
+from pipeline.workflows.ingest import ingest_source
 from stages.common import cli, params_of, parser
 
 
@@ -30,34 +29,20 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     with stage_run("ingest", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"data": ParamsRecord.from_params(params).of("data"), "seed": cfg.seed}) as run:
-        max_pixels = cfg.max_pixels
-        choice = resolve_input(cfg.source, cfg.image_size, cfg.channels, max_pixels)
-        print(f"ingest: {choice.reason}", flush=True)
-        data = load_source(cfg.source, channels=choice.channels, image_size=choice.image_size,
-                           max_pixels=max_pixels)
-        plan = SplitPlan(cfg.val_fraction, cfg.route_fraction, cfg.test_fraction, cfg.max_train, cfg.max_test,
-                         cfg.seed)
-        check_class_coverage(data, plan)  # before splitting: the fractions alone leave a class out
-        try:
-            splits = make_splits(data, plan)
-        except ValueError as exc:  # only caps small enough to empty a whole carve get here
-            raise DataError(f"data.max_train {plan.max_train} / data.max_test {plan.max_test} leave too few "
-                            f"images of {data.source} to split: {exc}") from None
-        check_class_coverage(data, plan, splits)  # after: the caps can thin a class out of a split
-        meta = split_meta(splits, data.classes, data.source)
+        result = ingest_source(cfg, on_choice=lambda choice: print(f"ingest: {choice.reason}", flush=True))
         with atomic_path(args.out, is_dir=True) as tmp:
-            for split in splits.values():
+            for split in result.splits.values():
                 save_split(tmp / f"{split.name}.npz", split)
-            write_json(tmp / "meta.json", meta)
-        metrics = {f"{name}_count": len(s) for name, s in splits.items()}
-        metrics["seconds"] = round(time.perf_counter() - started, 2)
-        skipped = {} if data.skipped is None else {"skipped_count": len(data.skipped), "skipped": list(data.skipped)}
-        write_json(args.metrics, {**metrics, **skipped, "input": choice.to_json()})
+            write_json(tmp / "meta.json", result.meta)
+        metrics = {**result.counts(), "seconds": round(time.perf_counter() - started, 2)}
+        skipped = {} if result.skipped is None else {"skipped_count": len(result.skipped),
+                                                     "skipped": list(result.skipped)}
+        write_json(args.metrics, {**metrics, **skipped, "input": result.choice.to_json()})
         run.log_metrics(metrics)
-        run.set_tags({"input": choice.reason})
+        run.set_tags({"input": result.choice.reason})
         run.log_artifact(args.out / "meta.json")
-    print(f"ingest: {data.source} -> {args.out} " + ", ".join(f"{k}={v}" for k, v in metrics.items())
-          + skipped_note(data.skipped, args.metrics))
+    print(f"ingest: {result.source} -> {args.out} " + ", ".join(f"{k}={v}" for k, v in metrics.items())
+          + skipped_note(result.skipped, args.metrics))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.io import load_split, read_json, write_json
+from pipeline.io import write_json
 from pipeline.params.config import ParamsRecord, TrackingConfig
-from pipeline.registry.register import RegisterConfig, image_frame, log_version, promote
-from pipeline.registry.shipped import dominated_veto, gate_candidate, shipped_figures, version_tags
+from pipeline.registry.register import RegisterConfig
 from pipeline.registry.tracking import stage_run
+from pipeline.workflows.register import CandidateMissing, RegisterInputs, read_candidate, register_candidate
 from stages.common import StageFailed, cli, params_of, parser
 
 
@@ -32,22 +32,14 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     cfg, record = RegisterConfig.from_params(params), ParamsRecord.from_params(params)
-    evaluated = read_json(args.metrics_in)
-    shipped, figures, missing = shipped_figures(evaluated)
-    if missing:
-        raise StageFailed(f"{args.metrics_in} has no {shipped} {', '.join(missing)}")
-    candidate, curve = gate_candidate(evaluated, shipped, figures)
-    tags = version_tags(args.root, args.lock or args.root / "dvc.lock", candidate,
-                        (args.model, args.metrics_in, args.data / "test.npz"),
-                        {args.params.name: {"register": record.of("register")}})
-    example = image_frame(load_split(args.data, "test").images[:1])
-    classes = read_json(args.model / "cascade.json")["meta"]["classes"]  # what the gate compares first
+    inputs = RegisterInputs(args.model, args.metrics_in, args.data, args.lock or args.root / "dvc.lock", args.root)
+    try:
+        candidate = read_candidate(inputs, {args.params.name: {"register": record.of("register")}})
+    except CandidateMissing as exc:
+        raise StageFailed(str(exc)) from None
     with stage_run("register", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"register": record.of("register"), "model": str(args.model)}) as run:
-        model_uri = log_version(args.model, example)
-        decision = promote(cfg, model_uri, candidate, tags, curve=curve, root=args.root,
-                           record=lambda d: write_json(args.out, d.to_dict()), classes=classes,
-                           veto=dominated_veto(evaluated))
+        decision = register_candidate(cfg, inputs, candidate, record=lambda d: write_json(args.out, d.to_dict()))
         run.log_metrics({"gate_passed": float(decision.passed), "registered_version": decision.version})
         run.set_tags({"gate": "passed" if decision.passed else "failed",
                       "gate.reasons": " | ".join(decision.reasons),

@@ -4,7 +4,7 @@ weights (accuracy, perf, MACs; measured latencies go to the metrics file and MLf
 search.json is identical between identical runs), keep the best perf as the target and the accuracy-MACs
 Pareto set as the routing candidates; with `search.spread` > 0, the front is taken over those draws and
 as many more subnets spread across the whole space's cost range. Plots: entropy and MI per iteration;
-accuracy vs MACs. The workflow: pipeline.routing.search_workflow."""
+accuracy vs MACs. The workflow: pipeline.workflows.search."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pipeline.models.profile import LATENCY_FILE
 from pipeline.params.config import SearchConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
 from pipeline.routing.candidates import write_search_plots
-from pipeline.routing.search_workflow import SearchInputs, search_module
 from pipeline.train.config import module_train_config
+from pipeline.workflows.search import SearchInputs, search_module
 from stages.common import cli, module_number, params_of, parser
 
 

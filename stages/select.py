@@ -2,7 +2,7 @@
 `testset` mode and the baseline: the cheapest candidate within `select.delta` of the most accurate one)
 and, when the module has several Pareto candidates, a tiny predictor trained on the `route` split that
 picks one per image from the incoming feature map. `select.mode` says which one the cascade (and module
-k+1's input) uses. The workflow: pipeline.routing.select_workflow."""
+k+1's input) uses. The workflow: pipeline.workflows.select."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pipeline.device import ComputeConfig, cpu_state_dict
 from pipeline.io import atomic_path, write_json
 from pipeline.params.config import SelectConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
-from pipeline.routing.select_workflow import select_module
+from pipeline.workflows.select import select_module
 from stages.common import cli, module_number, params_of, parser
 
 

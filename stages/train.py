@@ -2,7 +2,7 @@
 the cost-aware exit loss, supernets single-path (uniform or method B's P(N)). Writes the module, its history
 and metrics (calib exit accuracy, wall-clock). Resumable after every epoch, bitwise-identical to an
 uninterrupted run (``.cache/train/mK-<key>/``); one run per module at a time (``.cache/train/mK.lock``; a
-second is refused, exit 5). The workflow: pipeline.routing.train_workflow."""
+second is refused, exit 5). The workflow: pipeline.workflows.train."""
 
 from __future__ import annotations
 
@@ -16,16 +16,16 @@ from pipeline.models.config import ModelConfig
 from pipeline.models.profile import LATENCY_FILE
 from pipeline.params.config import RunConfig, TrackingConfig
 from pipeline.registry.tracking import stage_run
-from pipeline.routing.train_workflow import (
+from pipeline.train import distributed
+from pipeline.train.config import module_train_config
+from pipeline.train.lock import CheckpointLocked
+from pipeline.workflows.train import (
     TrainInputs,
     follow_rank0,
     module_checkpoints,
     plan_module,
     run_module_training,
 )
-from pipeline.train import distributed
-from pipeline.train.config import module_train_config
-from pipeline.train.lock import CheckpointLocked
 from stages.common import StageFailed, cli, module_number, params_of, parser
 
 CODE = tuple(closure("stages.train"))  # every project file this stage runs (its dvc.yaml code deps)

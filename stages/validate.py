@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.data.splits import SPLITS
-from pipeline.data.validation import validate_splits
-from pipeline.io import atomic_path, load_split, read_json, write_json
+from pipeline.io import atomic_path, write_json
 from pipeline.params.config import ParamsRecord, TrackingConfig, ValidateConfig
 from pipeline.registry.tracking import stage_run
+from pipeline.workflows.validate import summary, validate_data
 from stages.common import StageFailed, cli, params_of, parser
 
 
@@ -26,17 +25,13 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     params = params_of(args)
     cfg = ValidateConfig.from_params(params)
-    meta = read_json(args.data / "meta.json")
-    splits = {name: load_split(args.data, name) for name in SPLITS}
     with stage_run("validate", experiment=TrackingConfig.from_params(params).experiment, root=args.root,
                    params={"validate": ParamsRecord.from_params(params).of("validate")}) as run:
         with atomic_path(args.out, is_dir=True) as tmp, atomic_path(args.docs, is_dir=True) as docs_tmp:
-            results = validate_splits(splits, meta, cfg, docs_dir=docs_tmp)
+            results = validate_data(args.data, cfg, docs_tmp)
             for name, res in results.items():
                 write_json(tmp / f"{name}.json", res.raw)
-            summary = {name: {"success": r.success, "rows": r.evaluated, "failures": list(r.failures)}
-                       for name, r in results.items()}
-            write_json(tmp / "summary.json", summary)
+            write_json(tmp / "summary.json", summary(results))
         run.log_metrics({f"{name}_success": int(r.success) for name, r in results.items()})
         run.log_artifact(args.out / "summary.json")
         run.log_artifact(args.docs, "data_docs")

@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("routing",),  # candidates, predictor, selection, engine, calibration, the packaged cascade
     ("evaluation", "registry", "architect"),  # the test-split comparison; MLflow runs, the registered model;
     # module shapes searched on an elastic cascade
+    ("workflows",),  # one workflow per DVC stage, what its stage calls
     ("serving",),  # cascade serve/export: engines, ONNX, the guards
     ("exit_codes",),  # one exit status per kind of error
     ("cli", "check_params", "profiles", "codegraph"),  # what a person runs

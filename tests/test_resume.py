@@ -309,7 +309,7 @@ def test_killed_train_stage_resumes_and_cleans_up(store: Path, monkeypatch: pyte
     from mlflow import MlflowClient
 
     from pipeline.registry.tracking import default_tracking_uri
-    from pipeline.routing import train_workflow  # the stage's workflow: it calls train_module
+    from pipeline.workflows import train as train_workflow  # the stage's workflow: it calls train_module
     from stages import search
     from stages import train as stage
 

@@ -201,7 +201,7 @@ def test_register_killed_at_each_point_is_healed(point, tiny_repo, tmp_path, mon
 _KILLED_TRAIN = """
 import os, signal, sys
 import stages.train as stage
-from pipeline.routing import train_workflow as flow  # the stage's workflow
+from pipeline.workflows import train as flow  # the stage's workflow
 from pipeline.train import lock, loop
 
 

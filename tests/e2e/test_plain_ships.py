@@ -25,7 +25,7 @@ from tests.tools.tiny_repo import run_in
 
 pytestmark = pytest.mark.e2e
 
-FORCE = ("import sys, pipeline.evaluation.dominance as d, pipeline.evaluation.calibrate_workflow as w\n"
+FORCE = ("import sys, pipeline.evaluation.dominance as d, pipeline.workflows.calibrate as w\n"
          "import stages.calibrate as c\n"
          "real = d.held_out_choice\n"
          "w.held_out_choice = lambda a, b, n: {**real(a, b, n), 'model': 'plain_small', 'reason': 'forced'}\n"

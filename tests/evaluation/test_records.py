@@ -18,9 +18,9 @@ from pipeline.routing.engine import run_all_exits, run_cascade
 from pipeline.routing.package import CascadeMeta, LoadedCascade
 from pipeline.routing.recognize import preprocess
 from pipeline.train.baselines import Baselines
-from tests.evaluation.workflow_data import CLASSES, split
 from tests.routing.test_assemble import MEAN, STD, costs, write_models
 from tests.train.test_baselines import make_meta, stirred
+from tests.workflows.workflow_data import CLASSES, split
 
 N_TEST, N_CALIB = 40, 24
 

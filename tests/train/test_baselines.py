@@ -148,7 +148,7 @@ def test_config_rejects_bad_values_naming_the_key(key: str, value: object) -> No
 
 def test_the_chain_reads_the_cascade_rule_through_its_typed_configs() -> None:
     """The two-CNN chain is calibrated by calibrate's settings and model.confidence, the schema's defaults
-    where absent (pipeline.evaluation.baselines_workflow)."""
+    where absent (pipeline.workflows.baselines)."""
     cal = CalibrateConfig.from_params({"calibrate": {"delta": 0, "grid": 7, "reference": "last", "bound_z": 1.5,
                                                      "held_out": "calib"}})
     assert (cal.delta, cal.grid, cal.bound_z, cal.held_out) == (0.0, 7, 1.5, "calib") and isinstance(cal.delta, float)

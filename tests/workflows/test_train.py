@@ -1,5 +1,5 @@
 """The train stage's workflow called directly on tiny data: module 2 of the routing tests' cascade
-planned, trained behind module 1 and finished (pipeline.routing.train_workflow)."""
+planned, trained behind module 1 and finished (pipeline.workflows.train)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 import torch
 
 from pipeline.models.config import ModelConfig
-from pipeline.routing.train_workflow import TrainInputs, finish_module, module_checkpoints, plan_module, train_planned
 from pipeline.train.config import TrainConfig
-from tests.evaluation.workflow_data import write_data, write_modules
+from pipeline.workflows.train import TrainInputs, finish_module, module_checkpoints, plan_module, train_planned
 from tests.routing.test_assemble import SPEC
+from tests.workflows.workflow_data import write_data, write_modules
 
 MODEL = ModelConfig(("m1", "m2", "m3"), SPEC.modules, "maxprob")
 CFG = TrainConfig(epochs=1, batch_size=16, lr=0.05, m=2, warmup_epochs=0.0, sandwich=False, min_steps=4)

@@ -1,4 +1,4 @@
-"""Tiny on-disk inputs for the stage workflows (pipeline.evaluation.*_workflow): an ingest-like data
+"""Tiny on-disk inputs for the stage workflows (pipeline.workflows): an ingest-like data
 directory (3 classes of 8x8 grey images, no test split unless asked, so a workflow that must not read
 test cannot), the routing tests' three trained modules and their cost model."""
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from pipeline.device import ComputeConfig
-from pipeline.evaluation.baselines_workflow import BaselinesResult, train_baselines
-from pipeline.evaluation.calibrate_workflow import BUDGET_TWIN, ROUTINGS, CalibrateInputs, calibrate_cascades
 from pipeline.params.config import CalibrateConfig, ParamsRecord
 from pipeline.train.baselines import LARGE, SMALL, TWO_CNN, BaselineConfig, load_baselines, save_baselines
-from tests.evaluation.workflow_data import write_data, write_modules
+from pipeline.workflows.baselines import BaselinesResult, train_baselines
+from pipeline.workflows.calibrate import BUDGET_TWIN, ROUTINGS, CalibrateInputs, calibrate_cascades
+from tests.workflows.workflow_data import write_data, write_modules
 
 CPU = ComputeConfig.from_params({"compute": {"device": "cpu"}})
 BASE = BaselineConfig(small_width=2, large_width=2, epochs=1, batch_size=16, warmup_epochs=0.0)
