@@ -50,11 +50,20 @@ def resolve_device(name: str, key: str = "compute.device") -> torch.device:
     return torch.device("cuda", index)
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes bf16 natively: any CUDA device, or a CPU whose oneDNN has bf16 kernels
+    (AVX512-BF16 or AMX); elsewhere bf16 is emulated, slower than fp32."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def check_precision(precision: str, device: torch.device, key: str = "compute.precision") -> None:
     if precision not in PRECISIONS:
         raise ConfigError(f"{key} must be one of {PRECISIONS}, got {precision!r}")
-    if precision == "bf16" and device.type != "cuda":
-        raise ConfigError(f"{key} bf16 needs a CUDA device, got {device}; use fp32")
+    if precision == "bf16" and not native_bf16(device):
+        raise ConfigError(f"{key} bf16 needs a CUDA device or a CPU with native bf16 (AVX512-BF16 or AMX), "
+                          f"got {device} without it; use fp32")
 
 
 @schema_config("compute")
@@ -62,7 +71,8 @@ class ComputeConfig:
     """Where torch runs (``compute``; optional: defaults ``auto`` and ``fp32``, so older params files
     still work). ``device``: auto (cuda if available, else cpu) | cpu | cuda | cuda:N, resolved to a
     ``torch.device`` by :func:`resolve_device` at run time (:meth:`resolve`; building the config checks
-    only the spelling). ``precision``: fp32 | bf16 (bf16 autocast, CUDA only)."""
+    only the spelling). ``precision``: fp32 | bf16 (bf16 autocast on CUDA or on a CPU with native bf16,
+    checked by :meth:`resolve`)."""
 
     @classmethod
     def of(cls, device: str, precision: str = "fp32") -> ComputeConfig:
@@ -70,20 +80,20 @@ class ComputeConfig:
         return cls.from_params({"compute": {"device": device, "precision": precision}})
 
     def resolve(self) -> torch.device:
-        """The ``torch.device`` to run on (:func:`resolve_device`); bf16 on a device that resolves to
-        the CPU (``auto`` without CUDA) is a :class:`ConfigError` naming ``compute.precision``."""
+        """The ``torch.device`` to run on (:func:`resolve_device`); bf16 on a device without native bf16
+        (:func:`native_bf16`) is a :class:`ConfigError` naming ``compute.precision``."""
         device = resolve_device(self.device)
-        if self.precision == "bf16" and device.type != "cuda":
-            raise ConfigError(f"params: compute.precision bf16 needs a CUDA device, but compute.device "
-                              f"{self.device!r} resolved to {device}; use fp32")
+        check_precision(self.precision, device)
         return device
 
 
 def autocast(device: torch.device, precision: str = "fp32") -> AbstractContextManager[Any]:
-    """bf16 autocast on CUDA for ``bf16``; a no-op context for ``fp32`` (results as without it)."""
+    """bf16 autocast on ``device`` (CUDA, or a CPU with native bf16) for ``bf16``; a no-op context for
+    ``fp32`` (results as without it). Losses are computed on float32 logits either way (CPU autocast
+    leaves ``log_softmax`` in bf16, where ``1 - 1e-6`` rounds to 1: docs/RESULTS.md "bf16 on the CPU")."""
     check_precision(precision, device)
     if precision == "bf16":
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

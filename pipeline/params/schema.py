@@ -125,13 +125,9 @@ def _profile_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
 COMPUTE = {
     "device": Str(default="auto", pattern=DEVICE_PATTERN,
                   pattern_doc="auto, cpu, cuda or cuda:N (N an int >= 0)"),
-    "precision": Str(choices=PRECISIONS, default="fp32", doc="bf16: autocast on CUDA only"),
+    "precision": Str(choices=PRECISIONS, default="fp32",
+                     doc="bf16: autocast on CUDA or on a CPU with native bf16 (AVX512-BF16, AMX)"),
 }
-
-
-def _compute_rules(v: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    if v.get("precision") == "bf16" and v.get("device") == "cpu":
-        yield "precision", "bf16 needs a CUDA device (compute.device is cpu); use fp32 on the CPU"
 
 
 # The common training settings (pipeline.train.config.TrainConfig); modules.mK.train overrides any of them.
@@ -271,7 +267,7 @@ SCHEMA: dict[str, Key | Section | Custom] = {
     "model": Section(MODEL, required=False),
     "modules": Custom(_check_modules),
     "profile": Section(PROFILE, required=False, rules=(_profile_rules,)),
-    "compute": Section(COMPUTE, required=False, rules=(_compute_rules,)),
+    "compute": Section(COMPUTE, required=False),  # bf16 is checked against the device at run time
     "train": Section(TRAIN),  # its cross-key rules run per module on the merged config (_check_modules)
     "search": Section(SEARCH, rules=(_search_rules,)),
     "select": Section(SELECT),

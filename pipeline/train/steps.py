@@ -74,6 +74,7 @@ def _chunk_loss(module: nn.Module, x: torch.Tensor, y: torch.Tensor, arch: Arch,
     distillation from ``teacher`` logits (b, K) with weight ``distill``, and distillation from the
     soft targets ``soft`` (b, K) with weight ``p.kd``)."""
     _, logits = module(x, arch)  # (b, K)
+    logits = logits.float()  # the loss in float32 also under bf16 autocast (a no-op in fp32 runs)
     cost = p.cost(arch)
     loss, parts = cost_aware_loss(logits, y, cost, p.cost_max, p.exit_saving, p.lam, p.mu)
     ce = F.cross_entropy(logits, y)

@@ -194,3 +194,22 @@ def test_extreme_archs_break_ties_towards_the_earlier_choice() -> None:
     largest, smallest = extreme_archs(space, lambda arch: sum(prices[v] for _, v in arch.items))
     assert largest == space.make({"a": "y", "b": "p"}) and smallest == space.make({"a": "x", "b": "p"})
     assert extreme_archs(SearchSpace(), lambda arch: 0.0) == (Arch(), Arch())
+
+
+class _Confident(torch.nn.Module):
+    """A module whose exit is all but certain: its logits put 40 nats on the right class."""
+
+    def forward(self, x: torch.Tensor, arch: Arch) -> tuple[torch.Tensor, torch.Tensor]:
+        onehot = torch.eye(3)[torch.arange(x.shape[0]) % 3]  # (B, 3)
+        return x, torch.nn.functional.linear(onehot, 40.0 * torch.eye(3))  # a linear head: bf16 under autocast
+
+
+def test_the_loss_is_finite_under_cpu_bf16_autocast_on_a_confident_exit() -> None:
+    """CPU autocast leaves log_softmax in bf16, where a confidence of 1 - 1e-6 rounds to 1 and the exit's
+    BCE becomes inf * 0 = nan: the chunk's loss is computed on float32 logits (docs/RESULTS.md "bf16 on
+    the CPU")."""
+    x, _ = batch(6)
+    y = torch.arange(6) % 3
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        chunk = steps._chunk_loss(_Confident(), x, y, NO_ARCH, params(lam=0.5, mu=0.2))
+    assert torch.isfinite(chunk.loss) and chunk.logits.dtype == torch.float32
