@@ -450,7 +450,7 @@ def test_a_register_killed_before_the_gate_leaves_no_version(tmp_path: Path, mod
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Killed after the model is logged, before the gate: no version exists (none without tags, none a
     candidate); the rerun registers version 1, tagged and champion."""
-    import stages.register
+    import pipeline.workflows.register as workflow
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     root = stage_repo(tmp_path, model_dir, 0.9, 1000.0)
@@ -459,7 +459,7 @@ def test_a_register_killed_before_the_gate_leaves_no_version(tmp_path: Path, mod
         raise KeyboardInterrupt  # what SIGINT raises; SIGKILL stops at the same point with less grace
 
     with monkeypatch.context() as mp:
-        mp.setattr(stages.register, "promote", killed)
+        mp.setattr(workflow, "promote", killed)  # the register stage's workflow calls it after logging the model
         with pytest.raises((KeyboardInterrupt, SystemExit)):
             run_stage(root, model_dir)
     client = mlflow_models._client(root)
