@@ -32,7 +32,9 @@ from pipeline.architect.search import (
     train_elastic,
 )
 from pipeline.io import load_held_out, load_split
+from pipeline.models.cost import count_macs
 from pipeline.models.elastic import ElasticCascade
+from pipeline.models.modules import PlainCNN
 from pipeline.train.inputs import normalisation_stats
 
 
@@ -51,13 +53,27 @@ def trajectory(scored: list[Scored]) -> list[float]:
     return out
 
 
-def run(data: Path, width: int, cfg: ArchitectConfig, samplers: list[str]) -> dict[str, Any]:
+def plain_large_macs(width: int, image_shape: tuple[int, int, int], classes: int) -> int:
+    """MACs per image of the run's ``plain_large`` (a ``PlainCNN`` of ``width``): the yardstick of a ceiling."""
+    return count_macs(PlainCNN(width, image_shape[0], classes), image_shape)
+
+
+def run(data: Path, width: int, cfg: ArchitectConfig, samplers: list[str], max_train: int = 0,
+        max_macs_share: float | None = None) -> dict[str, Any]:
     train, held = load_split(data, "train"), load_held_out(data)
+    if max_train:  # the first images of the (shuffled, stratified) train split: a cheaper run, said in the JSON
+        train = dataclasses.replace(train, images=train.images[:max_train], labels=train.labels[:max_train],
+                                    ids=train.ids[:max_train])
     side = int(train.images.shape[-1])
     classes = int(max(train.labels.max(), held.labels.max()) + 1)
     choices = default_choices(side, width)
     stats = normalisation_stats(train.images)
-    out: dict[str, Any] = {"data": str(data), "width": width, "config": dataclasses.asdict(cfg), "runs": []}
+    large = plain_large_macs(width, tuple(int(v) for v in train.images.shape[1:]), classes)
+    if max_macs_share is not None:
+        cfg = dataclasses.replace(cfg, max_macs=max_macs_share * large)
+    out: dict[str, Any] = {"data": str(data), "width": width, "train_images": len(train.labels),
+                           "plain_large_macs": large,
+                           "config": dataclasses.asdict(cfg), "runs": []}
     for sampler in samplers:
         torch.manual_seed(cfg.seed)
         net = ElasticCascade(train.images.shape[1], classes, choices)
@@ -69,7 +85,7 @@ def run(data: Path, width: int, cfg: ArchitectConfig, samplers: list[str]) -> di
         for searcher in ("method_b", "random"):
             t = time.perf_counter()
             scored = search_shapes(net, held, dataclasses.replace(cfg, searcher=searcher), side, stats)
-            chosen = choose(scored, len(held))
+            chosen = choose(scored, len(held), cfg.max_macs)
             out["runs"].append({"sampler": sampler, "searcher": searcher, "train_seconds": round(seconds, 1),
                                 "search_seconds": round(time.perf_counter() - t, 1), "chosen": row(chosen),
                                 "best_score": trajectory(scored), "scored": [row(s) for s in scored]})
@@ -87,13 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samplers", nargs="+", default=["probmodel"], choices=["probmodel", "uniform"])
     p.add_argument("--m", type=int, default=1, help="shapes drawn from P per batch beside the two corners")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-macs-share", type=float, default=None,
+                   help="a ceiling on the chosen cascade's mean MACs, as a share of plain_large's (default: none)")
+    p.add_argument("--max-train", type=int, default=0, help="train on the first N train images (0: all)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--out", type=Path, default=Path("bench/out/architect.json"))
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = ArchitectConfig(epochs=args.epochs, budget=args.budget, seed=args.seed, m=args.m)
-    result = run(args.data, args.width, cfg, args.samplers)
+    result = run(args.data, args.width, cfg, args.samplers, args.max_train, args.max_macs_share)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -56,6 +56,9 @@ class ArchitectConfig:
     searcher: str = "method_b"
     budget: int = 24  # distinct shapes scored on held-out images
     cost_weight: float = 0.02  # search score: accuracy - cost_weight * mean MACs / the largest shape's MACs
+    # a ceiling on the calibrated cascade's mean MACs (None: none): a shape over it scores below every shape
+    # under it, and the choice is made among those under it (docs/RESULTS.md "Method B as the architect")
+    max_macs: float | None = None
     delta: float = 0.003  # calibrate's delta rule on the held-out images
     bound_z: float = 1.0
     grid: int = 20
@@ -170,8 +173,13 @@ def score_arch(net: ElasticCascade, arch: Arch, held: Split, cfg: ArchitectConfi
                   tuple(int(c) for c in cum), 0.0)
 
 
-def choose(scored: Sequence[Scored], n_images: int) -> Scored:
-    """The cheapest scored shape whose accuracy is within one standard error of the most accurate's."""
+def choose(scored: Sequence[Scored], n_images: int, max_macs: float | None = None) -> Scored:
+    """The cheapest scored shape whose accuracy is within one standard error of the most accurate's, among
+    those at most ``max_macs`` (all of them when None; the cheapest shape when none is under it)."""
+    within = [s for s in scored if max_macs is None or s.mean_macs <= max_macs]
+    if not within:
+        return min(scored, key=lambda s: (s.mean_macs, -s.accuracy))
+    scored = within
     best = max(scored, key=lambda s: (s.accuracy, -s.mean_macs))
     se = math.sqrt(max(best.accuracy * (1 - best.accuracy), 1e-12) / max(n_images, 1))
     return min((s for s in scored if s.accuracy >= best.accuracy - se), key=lambda s: (s.mean_macs, -s.accuracy))
@@ -186,7 +194,10 @@ def search_shapes(net: ElasticCascade, held: Split, cfg: ArchitectConfig, side: 
 
     def evaluate(arch: Arch) -> float:
         s = score_arch(net, arch, held, cfg, side, stats)
-        s = Scored(**{**s.__dict__, "score": s.accuracy - cfg.cost_weight * s.mean_macs / largest})
+        score = s.accuracy - cfg.cost_weight * s.mean_macs / largest
+        if cfg.max_macs is not None and s.mean_macs > cfg.max_macs:
+            score -= 1.0 + s.mean_macs / largest  # below every shape under the ceiling, cheaper ones first
+        s = Scored(**{**s.__dict__, "score": score})
         scored[arch] = s
         if on_score is not None:
             on_score(s)
@@ -217,6 +228,6 @@ def architect(train: Split, held: Split, choices: Sequence[ModuleChoices], cfg: 
     trained = time.perf_counter() - start
     stats = normalisation_stats(train.images)
     scored = search_shapes(net, held, cfg, side, stats)
-    chosen = choose(scored, len(held))
+    chosen = choose(scored, len(held), cfg.max_macs)
     return {"chosen": chosen, "scored": scored, "p_final": model.as_dict(), "train_seconds": round(trained, 1),
             "search_seconds": round(time.perf_counter() - start - trained, 1), "space_size": net.space.size()}

@@ -67,3 +67,11 @@ def test_bad_settings_are_refused() -> None:
         ArchitectConfig(sampler="greedy")
     with pytest.raises(ValueError, match="budget"):
         ArchitectConfig(budget=0)
+
+
+def test_choose_keeps_to_a_ceiling_on_mean_macs() -> None:
+    best, mid, cheap = _scored("a", 0.95, 10e6), _scored("b", 0.90, 4e6), _scored("c", 0.89, 1e6)
+    assert choose([best, mid, cheap], 40_000) is best
+    assert choose([best, mid, cheap], 40_000, max_macs=5e6) is mid  # the best under the ceiling
+    assert choose([best, mid, cheap], 400, max_macs=5e6) is cheap  # within one SE (1.5 points) of it, cheaper
+    assert choose([best, mid], 400, max_macs=1e6) is mid  # none under it: the cheapest
