@@ -72,6 +72,7 @@ def run(data: Path, width: int, cfg: ArchitectConfig, samplers: list[str], max_t
     if max_macs_share is not None:
         cfg = dataclasses.replace(cfg, max_macs=max_macs_share * large)
     out: dict[str, Any] = {"data": str(data), "width": width, "train_images": len(train.labels),
+                           "held_out_images": len(held.labels),
                            "plain_large_macs": large,
                            "config": dataclasses.asdict(cfg), "runs": []}
     for sampler in samplers:

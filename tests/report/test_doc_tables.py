@@ -14,7 +14,8 @@ from pipeline.report.doc_tables import BLOCKS, ROOT, DocTablesError, fill, stale
 
 def _copy(tmp_path: Path) -> Path:
     """The docs and the JSON the blocks read, copied under ``tmp_path``."""
-    for rel in {b.doc for b in BLOCKS.values()} | {doc_tables.EVALUATE, doc_tables.ANCHORS, *doc_tables.ARCHITECT}:
+    architect = {rel for _, rel in doc_tables.ARCHITECT}
+    for rel in {b.doc for b in BLOCKS.values()} | {doc_tables.EVALUATE, doc_tables.ANCHORS, *architect}:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / rel, tmp_path / rel)
     return tmp_path
