@@ -25,6 +25,7 @@ EVALUATE = Path("metrics") / "evaluate.json"
 ANCHORS = Path("docs") / "results" / "anchors" / "fashion_mnist.json"
 ARCHITECT = (("digits", Path("docs") / "results" / "architect" / "digits_seed0.json"),
              ("digits", Path("docs") / "results" / "architect" / "digits_seed0_m4.json"),
+             ("digits, ceiling 0.5x", Path("docs") / "results" / "architect" / "digits_seed0_m4_ceiling.json"),
              ("Fashion-MNIST", Path("docs") / "results" / "architect" / "fmnist_seed0_m4.json"))
 CEILING = 0.5  # the architect table's second choice: under this share of plain_large's MACs
 
