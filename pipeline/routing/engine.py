@@ -204,6 +204,7 @@ def _run_batch(stages: Sequence[Stage], images: torch.Tensor, confidence_kind: s
         if active.numel() == 0:
             continue
         features, logits, choice = run_stage(stage, h)  # (n, C', H', W'), (n, classes), (n,)
+        logits = logits.float()  # confidences compared with thresholds in float32, also under bf16 autocast
         if decay > 0.0:
             running = fold_exit(running, logits, decay)
             logits = ensemble_scores(running, k, decay)
@@ -273,7 +274,7 @@ def _all_exits_batch(
     h = images  # (B, C, H, W)
     for stage in stages:
         h, z, choice = run_stage(stage, h)  # (B, C', H', W'), (B, classes), (B,)
-        logits.append(z)
+        logits.append(z.float())  # float32 also under bf16 autocast, as run_cascade
         choices.append(choice)
         macs.append(spent_macs(stage, choice))
     stacked = combine_exits(torch.stack(logits, dim=1), decay)  # (B, K, classes)

@@ -180,3 +180,15 @@ def test_the_exit_ensemble_changes_answers_not_costs(tiny: TinyCascade) -> None:
     leaving = ensemble.exit_index
     assert torch.equal(ensemble.pred, both["pred"][torch.arange(64), leaving])
     assert torch.equal(ensemble.macs, both["cum_macs"][torch.arange(64), leaving])
+
+
+def test_the_cascade_runs_under_cpu_bf16_autocast_with_float32_confidences(tiny: TinyCascade) -> None:
+    """compute.precision bf16 on the CPU: the heads' logits come out in bf16; confidences are compared with
+    the (float32) thresholds in float32, and both runs agree with each other's exits."""
+    x = images(64, seed=2)
+    stages = tiny.with_thresholds(mid_thresholds(tiny, x))
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        out = run_cascade(stages, x)
+        every = run_all_exits(stages, x)
+    assert out.conf.dtype == torch.float32 and every["logits"].dtype == torch.float32
+    assert torch.equal(every["pred"][torch.arange(64), out.exit_index], out.pred)
