@@ -38,11 +38,11 @@ def train_variants(run: Path, net: str, variants: list[str]) -> dict[str, dict[s
     import torch
     import yaml
 
-    from pipeline.workflows.baselines import SEED_OFFSETS, sized_config
     from pipeline.io import load_held_out, load_split, read_json
     from pipeline.params.config import CalibrateConfig
     from pipeline.train.baselines import LARGE, BaselineConfig, plain_outputs, train_baseline
     from pipeline.train.inputs import normalisation_stats
+    from pipeline.workflows.baselines import SEED_OFFSETS, sized_config
 
     params = yaml.safe_load((run / "params.yaml").read_text())
     data = run / "data" / "prepared"
