@@ -169,18 +169,15 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         p.error(f"--data {args.data}: no test split there (test.npz); run the ingest stage first")
 
 
-def model_points(p: argparse.ArgumentParser, model: str, modes: list[str]) -> dict:
-    """The model's operating points (name -> held-out accuracy and mean MACs), as `cascade info` reads them;
-    mode p99 needs two or more with costs (the server would refuse to start)."""
+def model_points(p: argparse.ArgumentParser, model: str) -> dict:
+    """The model's operating points (name -> held-out accuracy and mean MACs), as `cascade info` reads them
+    (with fewer than two costed points, mode p99's target can only shed: the server says so)."""
     from pipeline.routing.package import load_cascade
 
     try:
         points = load_cascade(model).meta.operating_points
     except (OSError, ValueError) as exc:
         p.error(f"--model {model}: {exc}")
-    if "p99" in modes and sum(pt.mean_macs is not None for pt in points) < 2:
-        p.error(f"--model {model}: carries fewer than 2 operating points with costs, so mode p99 cannot run "
-                "(re-run calibrate, or --modes none)")
     return {pt.name: {"accuracy": pt.accuracy, "mean_macs": pt.mean_macs} for pt in points}
 
 
@@ -198,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             args.model = str(resolve_model_uri(args.model, tmp / "model"))
         except (ValueError, RuntimeError, OSError) as exc:
             p.error(f"--model {source}: {exc}")
-        held_out = model_points(p, args.model, args.modes)
+        held_out = model_points(p, args.model)
         try:
             test = load_split(args.data, "test")
         except (OSError, ValueError) as exc:

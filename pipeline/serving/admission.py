@@ -139,22 +139,31 @@ def predict_seconds(outlook: Outlook, ahead_requests: int, ahead_images: int, ow
 
 @dataclass
 class Correction:
-    """A running factor on the batch-time prediction, learnt from the answers' measured latency (the HTTP
-    process's own work, LitServe's queues and a busy host are not in the batches' times: measured with
-    `hey`, 64 clients, they were three quarters of an answer's latency, docs/DESIGN.md 'Serving')."""
+    """A running offset, in seconds, added to the batch-time prediction and learnt from the answers'
+    measured latency: the HTTP process's own work, LitServe's queues and a busy host are not in the batches'
+    times (measured with `hey`, 64 clients, three quarters of an answer's latency, docs/DESIGN.md 'Serving').
+    Added, not multiplied: that time does not grow with the engine's queue, and a factor learnt while the
+    front was busy and the engine's queue empty (a few ms predicted, 40 measured: x8) priced every queued
+    request past the deadline, refused everything, and kept the front busy refusing (docs/RESULTS.md
+    'Under a load step')."""
 
-    factor: float = 1.0
-    alpha: float = 0.05  # a new answer's weight: the factor follows a change within ~50 answers
-    bounds: tuple[float, float] = (0.25, 20.0)  # one odd answer (a pause of the host) moves it by little
+    offset: float = 0.0
+    alpha: float = 0.05  # a new answer's weight: the offset follows a change within ~50 answers
+    step: float = 0.5  # at most this much lateness (seconds) an answer brings: a pause of the host moves it little
+    bounds: tuple[float, float] = (-1.0, 5.0)
 
     def update(self, measured_s: float, predicted_s: float) -> None:
         """One answer measured ``measured_s`` against ``predicted_s`` (the corrected prediction it was
-        admitted on): the raw prediction's ratio moves the factor."""
-        if not (predicted_s > 0 and math.isfinite(measured_s)) or measured_s < 0:
+        admitted on): the error moves the offset."""
+        if not (math.isfinite(measured_s) and math.isfinite(predicted_s)) or measured_s < 0 or predicted_s < 0:
             return
+        error = min(self.step, measured_s - predicted_s)  # an early answer is never a pause: taken whole
         low, high = self.bounds
-        ratio = min(high, max(low, self.factor * measured_s / predicted_s))
-        self.factor = (1 - self.alpha) * self.factor + self.alpha * ratio
+        self.offset = min(high, max(low, self.offset + self.alpha * error))
+
+    def apply(self, predicted_s: float) -> float:
+        """A raw prediction, corrected (never below zero)."""
+        return max(0.0, predicted_s + self.offset)
 
 
 @dataclass(frozen=True)
@@ -218,7 +227,11 @@ def can_only_shed(points: Sequence[OperatingPoint], spread: float = SHED_ONLY_SP
 
 
 def shed_note(points: Sequence[OperatingPoint]) -> str:
-    """A sentence for ``cascade info`` and the server's start line where :func:`can_only_shed`; else ''."""
+    """A sentence for ``cascade info`` and the server's start line where the target can only shed (one
+    point with a cost, or points that cost alike: :func:`can_only_shed`); else ''."""
+    if points and sum(p.mean_macs is not None for p in points) < 2:
+        return (f"{SHED_ONLY_NOTE}: the model carries {len(points)} operating point(s), fewer than two with a "
+                f"held-out cost, so there is no cheaper point to move to")
     if not can_only_shed(points):
         return ""
     return (f"{SHED_ONLY_NOTE}: the operating points' costs differ by {100 * (costs_spread(points) or 0):.0f}% "

@@ -110,11 +110,10 @@ def _resolve(model: str, scratch: str) -> Path | None:
     return None
 
 
-def _ready_model(directory: Path, engine: str, scratch: str, p99_ms: float | None = None
-                 ) -> tuple[Path, tuple[Any, ...]] | str:
+def _ready_model(directory: Path, engine: str, scratch: str) -> tuple[Path, tuple[Any, ...]] | str:
     """The directory ``engine`` serves (for onnx, exported into ``scratch`` unless it is an export) and the
-    model's operating points, or why it cannot: the model is loaded once here, so a bad one (or one without
-    the operating points a ``p99_ms`` target needs) fails with a message before any server process starts."""
+    model's operating points, or why it cannot: the model is loaded once here, so a bad one fails with a
+    message before any server process starts."""
     from pipeline.serving.engines import is_onnx_dir, load_engine
     from pipeline.serving.onnx_export import export_model_dir
 
@@ -126,13 +125,6 @@ def _ready_model(directory: Path, engine: str, scratch: str, p99_ms: float | Non
         loaded = load_engine(directory, engine)
     except (ValueError, OSError) as exc:
         return f"cannot load model {directory}: {exc}"
-    if p99_ms is not None:
-        from pipeline.serving.server import latency_controller
-
-        try:
-            latency_controller(loaded.points, p99_ms)
-        except ValueError as exc:
-            return f"model {directory}: {exc}"
     return directory, tuple(loaded.points)
 
 
@@ -149,8 +141,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         directory = _resolve(args.model, scratch)
         if directory is None:
             return 2
-        # Triton takes the target as its queue timeout alone: no controller, so no points are needed
-        ready = _ready_model(directory, args.engine, scratch, args.p99_ms if args.server == "litserve" else None)
+        ready = _ready_model(directory, args.engine, scratch)
         if isinstance(ready, str):
             print(f"error: {ready}", file=sys.stderr)
             return 2

@@ -284,11 +284,12 @@ class CascadeAPI(ls.LitAPI):
         raise TypeError(f"no answer for {type(output).__name__}")
 
 
-def latency_controller(points: Sequence[OperatingPoint], p99_ms: float) -> LatencyController:
-    """The controller of ``--p99-ms`` over ``points``, or a ValueError saying why the model cannot have one."""
-    if len(points) < 2 or any(p.mean_macs is None for p in points):
-        raise ValueError("--p99-ms needs a model carrying two or more operating points with held-out costs "
-                         "(recorded by calibrate; `cascade info` lists them)")
+def latency_controller(points: Sequence[OperatingPoint], p99_ms: float) -> LatencyController | None:
+    """The controller of ``--p99-ms`` over ``points``; None where fewer than two carry a held-out cost:
+    there is nowhere to move, and the target is kept by admission alone (it can only shed)."""
+    costed = [p for p in points if p.mean_macs is not None]
+    if len(costed) < 2 or len(costed) < len(points):
+        return None
     return LatencyController([float(p.mean_macs) for p in points], ControlConfig(target_s=p99_ms / 1e3))
 
 

@@ -89,31 +89,34 @@ def test_a_request_is_refused_only_on_a_prediction_past_its_deadline() -> None:
 
 def test_probes_bring_a_stale_prediction_back() -> None:
     """A correction inflated once (a pause of the host) must not shut the server for good: a probe is
-    admitted, answered, and its measured latency brings the factor back."""
+    admitted, answered, and its measured latency brings the offset back."""
     assert judge(2.3, 0.1, probe=True).admit and not judge(2.3, 0.1).admit
-    correction = Correction(factor=20.0)
+    correction = Correction(offset=5.0)
     for _ in range(200):  # one probe a second while everything else is refused
-        predicted = 0.01 * correction.factor
+        predicted = correction.apply(0.01)
         if judge(predicted, 0.1, probe=True).admit:
             correction.update(measured_s=0.01, predicted_s=predicted)
-    assert correction.factor < 2.0 and judge(0.01 * correction.factor, 0.1).admit
+    assert correction.offset < 0.05 and judge(correction.apply(0.01), 0.1).admit
 
 
-def test_the_correction_learns_how_far_the_batch_times_fall_short_of_an_answers_latency() -> None:
+def test_the_correction_learns_the_time_the_batch_times_leave_out_and_adds_it() -> None:
     c = Correction(alpha=0.5)
-    c.update(0.040, 0.010)  # measured 4x the raw prediction
-    assert c.factor == pytest.approx(2.5)
-    c.update(0.040, 0.010 * c.factor)  # the next prediction was corrected: the raw ratio is still 4
-    assert c.factor == pytest.approx(3.25)
+    c.update(0.040, 0.010)  # measured 30 ms over the raw prediction
+    assert c.offset == pytest.approx(0.015)
+    c.update(0.040, c.apply(0.010))  # the next prediction was corrected: 15 ms short still
+    assert c.offset == pytest.approx(0.0225)
     for _ in range(30):
-        c.update(0.040, 0.010 * c.factor)
-    assert c.factor == pytest.approx(4.0, rel=1e-3)
-    c.update(100.0, 0.010 * c.factor)  # one pause of the host: bounded
-    assert c.factor <= 0.5 * 4.0 + 0.5 * 20.0
-    before = c.factor
+        c.update(0.040, c.apply(0.010))
+    assert c.offset == pytest.approx(0.030, rel=1e-3)
+    # added, not multiplied: a queue of ten batches is predicted at ten batches plus the same 30 ms
+    assert c.apply(0.100) == pytest.approx(0.130, rel=1e-3)
+    c.update(100.0, c.apply(0.010))  # one pause of the host: one bounded step
+    assert c.offset <= 0.030 + 0.5 * c.step + 1e-9
+    before = c.offset
     c.update(float("nan"), 0.01)
-    c.update(0.01, 0.0)
-    assert c.factor == before
+    c.update(0.01, -1.0)
+    assert c.offset == before
+    assert Correction(offset=-0.5).apply(0.01) == 0.0  # never a negative time
 
 
 def test_the_fallback_is_the_cheapest_point_only_where_the_controller_can_move() -> None:
@@ -129,6 +132,8 @@ def test_points_within_ten_percent_in_cost_leave_the_target_only_shedding() -> N
     assert "the target can only shed" in shed_note(close) and "5%" in shed_note(close)
     assert not can_only_shed(apart) and shed_note(apart) == ""
     assert not can_only_shed(close[:1]) and not can_only_shed([OperatingPoint("accurate", (0.5,))])
+    assert "no cheaper point to move to" in shed_note(close[:1])  # one point: it can only shed too
+    assert shed_note([]) == "" and "1 operating point" in shed_note([OperatingPoint("accurate", (0.5,))])
 
 
 def test_cascade_info_says_so_under_its_points() -> None:

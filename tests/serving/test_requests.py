@@ -123,6 +123,11 @@ def test_json_depth_scan_ignores_brackets_in_strings() -> None:
     assert not json_depth_exceeds('{"a": "[[[[[[[[[["}', 3)
     assert json_depth_exceeds("[[[[]]]]", 3)
     assert not json_depth_exceeds(b"[[[]]]", 3)
+    escaped = '{"a": "\\"[[[[\\\\", "b": [[["x\\"]]"]]]}'  # escapes, then brackets outside strings again
+    assert json_depth_exceeds(escaped, 3) and not json_depth_exceeds(escaped, 4)
+    assert not json_depth_exceeds('{"a": "' + "[" * 100_000, 3)  # an unterminated string: all inside it
+    hostile = "[" * 1000 + "]" * 1000
+    assert json_depth_exceeds(hostile, 64) and json_depth_exceeds(hostile.encode(), 64)
 
 
 def test_a_budget_is_macs_or_a_name_and_a_bad_one_is_named() -> None:

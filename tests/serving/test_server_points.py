@@ -94,12 +94,15 @@ def test_budgets_pick_points_and_metrics_count_the_answers(served: int, points_m
     assert got[("cascade_request_seconds_count", (("status", "400"),))] == 3
 
 
-def test_a_p99_target_needs_points_and_the_exits(tiny_model: Path, points_model: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_p99_target_needs_the_exits_and_sheds_only_without_two_costed_points(
+        tiny_model: Path, points_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from pipeline.cli import main
+    from pipeline.serving.engines import load_engine
+    from pipeline.serving.server import latency_controller
 
-    assert main(["serve", "--model", str(tiny_model), "--engine", "torch", "--p99-ms", "50"]) == 2
-    assert "needs a model carrying two or more operating points" in capsys.readouterr().err
+    one = load_engine(tiny_model, "torch").points  # nowhere to move: admission alone keeps the target
+    assert latency_controller(one, 50) is None
+    assert latency_controller(load_engine(points_model, "torch").points, 50) is not None
     assert main(["serve", "--model", str(points_model), "--p99-ms", "50", "--static"]) == 2
     assert "--p99-ms needs the early exits" in capsys.readouterr().err
     # Triton takes the target as its queue timeout only (tests/serving/test_triton.py): no points needed
