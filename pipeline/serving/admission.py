@@ -177,7 +177,10 @@ class Verdict:
     retry_after_s: int = 0
 
 
-PROBE_S = 1.0  # while everything is refused, one request this often is admitted as a probe (see judge)
+# while everything is refused, one request this often is admitted as a probe (see judge): at one a second an
+# offset inflated by a step's first crowded second refused everything for 5 s (docs/RESULTS.md 'Under a
+# load step'); ten a second cost at most ten requests' engine time
+PROBE_S = 0.1
 
 
 def judge(predicted_s: float | None, deadline_s: float | None, waited_s: float = 0.0, *,

@@ -26,6 +26,7 @@ from bench.serving_load_stats import (
     mode_report,
     parse_steps,
     per_second,
+    phase_latency,
     points_per_second,
     probe_accuracy,
     recovery,
@@ -70,6 +71,12 @@ def test_hey_rows_are_placed_on_the_run_clock_and_bucketed_by_start_second() -> 
     assert row["p50_ms"] == pytest.approx(np.percentile(np.arange(1, 101), 50))
     assert row["p99_ms"] == pytest.approx(np.percentile(np.arange(1, 101), 99))
     assert row["p50_ms"] < row["p99_ms"] <= 100
+    # refusals (5 ms) among slow answers (150 ms): the answers' p99 is theirs, not lowered by the refusals
+    mixed = [HeyRow(0.5, 0.150, 200)] * 10 + [HeyRow(0.5, 0.005, 429)] * 90
+    row = per_second(mixed, 1, 1)[0]
+    assert row["p99_ms"] == pytest.approx(150.0) and row["p50_ms"] == pytest.approx(5.0)
+    assert row["p99_ok_ms"] == pytest.approx(150.0) and row["p99_refused_ms"] == pytest.approx(5.0)
+    assert phase_latency(mixed, [{**row, "t": 2}], 0.0, 3.0, 1, 100.0)["seconds_over_target"] == 1
 
 
 def test_the_point_in_use_per_second_is_the_most_scraped_and_requests_are_counter_deltas() -> None:
