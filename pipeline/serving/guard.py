@@ -106,7 +106,8 @@ class GuardMiddleware:
         self.outlook = OutlookFile(outlook) if outlook else None  # the engine's process publishes it
         self.in_flight = 0  # requests in this guard: being read, judged, or admitted and not yet answered
         self.admitted = 0  # of those, the ones admitted and not yet answered: the work ahead of a new request
-        self.last_admitted = time.monotonic()  # admission's last yes: a probe goes through PROBE_S after it
+        self.last_admitted = time.monotonic()  # admission's last yes: a probe goes through PROBE_S after it,
+        self.refused_since = 0  # if requests were refused since (while everything is refused, not before)
         self.images_in_flight = 0  # of the requests admitted and not yet answered
         self.correction = Correction()  # the batch times' prediction against the answers' measured latency
         self.metrics = None
@@ -226,17 +227,21 @@ class GuardMiddleware:
         being read or judged may be refused, and counted as work ahead they made a burst of closed-loop
         clients refuse itself (128 clients: 3-12% of capacity answered, docs/RESULTS.md 'Under a load
         step')."""
+        now = time.monotonic()
         if deadline_ms is None:
+            self.last_admitted, self.refused_since = now, 0
             return Verdict(True, None, None)
         outlook = self.outlook.read() if self.outlook is not None else None
         predicted = None if outlook is None else predict_seconds(outlook, self.admitted, self.images_in_flight,
                                                                  images)
         if predicted is not None:
             predicted = self.correction.apply(predicted)
-        now = time.monotonic()
-        verdict = judge(predicted, deadline_ms / 1e3, waited_s, probe=now - self.last_admitted >= PROBE_S)
+        probe = self.refused_since > 0 and now - self.last_admitted >= PROBE_S
+        verdict = judge(predicted, deadline_ms / 1e3, waited_s, probe=probe)
         if verdict.admit:
-            self.last_admitted = now
+            self.last_admitted, self.refused_since = now, 0
+        else:
+            self.refused_since += 1
         return verdict
 
     async def _shed(self, send: Send, verdict: Verdict) -> None:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pipeline.serving.admission import Outlook, ServiceEstimates
+from pipeline.serving.admission import PROBE_S, Outlook, ServiceEstimates
 from pipeline.serving.guard import GuardMiddleware
 from pipeline.serving.limits import BadRequest
 from pipeline.serving.metrics import ServingMetrics
@@ -153,12 +152,22 @@ async def _unread(app: Any) -> None:
     await app(scope, receive, send)
 
 
+def test_a_probe_goes_through_only_while_everything_is_refused(published: str) -> None:
+    app, _ = guard(Recorder(), published)
+    late = {DEADLINE_HEADER: "10"}  # a batch costs 40 ms: always predicted late
+    app.last_admitted -= 10 * PROBE_S  # long since the last admission, but nothing refused since
+    assert call(app, b"{}", "application/json", late)[0] == 429  # the first refusal is not a probe
+    assert call(app, b"{}", "application/json", late)[0] == 200  # refused, PROBE_S after a yes: a probe
+    assert call(app, b"{}", "application/json", late)[0] == 429  # within PROBE_S of the probe: refused
+    app.last_admitted -= PROBE_S
+    assert call(app, b"{}", "application/json", late)[0] == 200  # the next probe
+
+
 def test_answers_slower_than_predicted_raise_the_next_predictions(published: str) -> None:
     app, registry = guard(Recorder(delay=0.2), published)  # answers take 200 ms; the batch times say 40
     for _ in range(20):
         assert call(app, b"{}", "application/json", {DEADLINE_HEADER: "5000"})[0] == 200
     assert app.correction.offset > 0.08  # 160 ms a request left out of the prediction, learnt in part
-    app.last_admitted = time.monotonic()  # no probe due (one goes through PROBE_S after the last admission)
     status, answer, _ = call(app, b"{}", "application/json", {DEADLINE_HEADER: "100"})  # 40 ms raw: would fit
     assert status == 429 and answer["predicted_ms"] > 100
     assert samples(registry)[("cascade_admission_latency_ratio_bucket", (("le", "1.0"),))] == 0  # all slower
