@@ -28,7 +28,7 @@ endif
 # -n auto: one pytest-xdist worker per core; --dist loadfile: a module's tests run on one worker, in order, as its
 # module-scoped fixtures assume (the team server's registry test reads what the test before it registered)
 test: setup
-	python -m pytest -q -n auto --dist loadfile
+	python -m pytest -q -n auto --dist loadfile --durations=15
 
 lint: setup
 	ruff check .
